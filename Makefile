@@ -1,0 +1,44 @@
+# The two commands of README.md, plus the benchmarks. Each one first makes sure the Debian
+# packages kvfuse builds with are installed (scripts/deps.sh), then configures, builds, runs.
+JOBS ?= $(shell nproc)
+CMAKE_COMMON = -DKVFUSE_WERROR=ON
+
+.PHONY: demo test test-plain test-asan test-tsan bench deps clean
+
+deps:
+	@scripts/deps.sh
+
+# The main job: build and run the demo, which prints its report.
+demo: deps
+	cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) -DKVFUSE_BUILD_BENCH=OFF
+	cmake --build build/release --target kvfuse_demo -j $(JOBS)
+	./build/release/examples/kvfuse_demo
+
+# The whole suite: -Werror build + ctest, then again under ASan+UBSan, then the
+# multi-threaded tests under ThreadSanitizer.
+test: deps test-plain test-asan test-tsan
+
+test-plain:
+	cmake -S . -B build/test -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_COMMON) -DKVFUSE_BUILD_BENCH=ON
+	cmake --build build/test -j $(JOBS)
+	ctest --test-dir build/test --output-on-failure -j $(JOBS)
+
+test-asan:
+	cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug $(CMAKE_COMMON) -DKVFUSE_SANITIZE=address,undefined \
+	  -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DCMAKE_CXX_FLAGS=-O1
+	cmake --build build/asan -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build/asan --output-on-failure -j $(JOBS)
+
+test-tsan:
+	cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug $(CMAKE_COMMON) -DKVFUSE_SANITIZE=thread \
+	  -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DCMAKE_CXX_FLAGS=-O1
+	cmake --build build/tsan -j $(JOBS)
+	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan --output-on-failure -j $(JOBS)
+
+bench: deps
+	cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) -DKVFUSE_BUILD_BENCH=ON
+	cmake --build build/release -j $(JOBS)
+	bench/run.sh build/release/bench
+
+clean:
+	rm -rf build

@@ -1,0 +1,158 @@
+// kvfuse/engine/ids.hpp — the identifiers every other header speaks in.
+//
+// Each is a distinct strong type around an integer so a request id can never be passed
+// where a generation is expected. All are trivially copyable, totally ordered and hashable,
+// so they travel in fixed-layout records and serve as hash-map keys.
+#pragma once
+
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <type_traits>
+
+#include <kvfuse/error.hpp>
+
+namespace kvfuse {
+
+namespace detail {
+/// splitmix64 finaliser: spreads the bits of ids that are often small consecutive integers.
+constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+}  // namespace detail
+
+/// The engine's id of one request. Survives preemption and re-admission.
+struct RequestId {
+  std::uint64_t value = 0;
+  friend constexpr auto operator<=>(RequestId, RequestId) noexcept = default;
+};
+
+/// A 64-bit nonce the engine issues per dispatch, never reused while the engine lives.
+struct Generation {
+  std::uint64_t value = 0;
+  friend constexpr auto operator<=>(Generation, Generation) noexcept = default;
+};
+
+/// Issues generations. The engine owns exactly one; generations start at 1 so a
+/// value-initialised Generation{0} never names a real load. Not thread-safe: call it from
+/// the engine's scheduler thread.
+class GenerationSource {
+ public:
+  constexpr GenerationSource() noexcept = default;
+  /// Starts after `last_issued`, so an engine restored from a checkpoint never reissues one.
+  constexpr explicit GenerationSource(Generation last_issued) noexcept : next_(last_issued.value + 1) {}
+  /// The next unused generation. Scheduler thread only; noexcept, O(1).
+  constexpr Generation next() noexcept { return Generation{next_++}; }
+
+ private:
+  std::uint64_t next_ = 1;
+};
+
+/// A chained prefix hash: names a chunk of KV, or the state checkpoint at a boundary.
+struct PrefixHash {
+  std::uint64_t value = 0;
+  friend constexpr auto operator<=>(PrefixHash, PrefixHash) noexcept = default;
+};
+
+/// Index of a per-request state slot in the device slot pool.
+struct SlotId {
+  std::uint32_t value = 0;
+  friend constexpr auto operator<=>(SlotId, SlotId) noexcept = default;
+};
+
+/// Index of a paged KV block on the device.
+struct BlockId {
+  std::uint32_t value = 0;
+  friend constexpr auto operator<=>(BlockId, BlockId) noexcept = default;
+};
+
+/// The one identity of a load, everywhere: records, quorum entries, tombstones, the index.
+struct LoadKey {
+  RequestId request;
+  Generation generation;
+  friend constexpr auto operator<=>(const LoadKey&, const LoadKey&) noexcept = default;
+};
+
+/// The one identity of a save (a state store or a KV save): what it stores, and which
+/// dispatch of it, so a repeated save of the same hash is never confused with the last.
+struct StoreKey {
+  PrefixHash hash;
+  Generation generation;
+  friend constexpr auto operator<=>(const StoreKey&, const StoreKey&) noexcept = default;
+};
+
+/// Token positions and counts.
+using TokenCount = std::uint64_t;
+
+/// The chunk grid: the tier stores and retrieves whole chunks of `chunk_tokens` tokens.
+/// Construct with ChunkGrid::make, which refuses zero. All helpers are constexpr, noexcept
+/// and thread-safe.
+struct ChunkGrid {
+  std::uint32_t chunk_tokens = 256;
+
+  /// A grid of `tokens` per chunk; throws Error(invalid_argument) naming the value if zero.
+  static ChunkGrid make(std::uint32_t tokens) {
+    if (tokens == 0) throw Error(ErrorCode::invalid_argument, "chunk_tokens must be > 0, got 0");
+    return ChunkGrid{tokens};
+  }
+  /// Largest multiple of chunk_tokens <= t.
+  [[nodiscard]] constexpr TokenCount floor(TokenCount t) const noexcept { return t - t % chunk_tokens; }
+  /// Smallest multiple of chunk_tokens >= t.
+  [[nodiscard]] constexpr TokenCount ceil(TokenCount t) const noexcept { return floor(t + chunk_tokens - 1); }
+  /// Whether t lies on the grid.
+  [[nodiscard]] constexpr bool aligned(TokenCount t) const noexcept { return t % chunk_tokens == 0; }
+  /// Index of the chunk that holds token t.
+  [[nodiscard]] constexpr std::uint64_t chunk_of(TokenCount t) const noexcept { return t / chunk_tokens; }
+  /// Number of chunks needed to cover [0, t).
+  [[nodiscard]] constexpr std::uint64_t chunks_covering(TokenCount t) const noexcept {
+    return (t + chunk_tokens - 1) / chunk_tokens;
+  }
+  friend constexpr bool operator==(ChunkGrid, ChunkGrid) noexcept = default;
+};
+
+static_assert(std::is_trivially_copyable_v<LoadKey> && sizeof(LoadKey) == 16);
+static_assert(std::is_trivially_copyable_v<StoreKey> && sizeof(StoreKey) == 16);
+
+inline std::string to_string(LoadKey key) {
+  return "{request " + std::to_string(key.request.value) + ", generation " + std::to_string(key.generation.value) + "}";
+}
+
+}  // namespace kvfuse
+
+template <>
+struct std::hash<kvfuse::RequestId> {
+  std::size_t operator()(kvfuse::RequestId v) const noexcept { return kvfuse::detail::mix64(v.value); }
+};
+template <>
+struct std::hash<kvfuse::Generation> {
+  std::size_t operator()(kvfuse::Generation v) const noexcept { return kvfuse::detail::mix64(v.value); }
+};
+template <>
+struct std::hash<kvfuse::PrefixHash> {
+  std::size_t operator()(kvfuse::PrefixHash v) const noexcept { return kvfuse::detail::mix64(v.value); }
+};
+template <>
+struct std::hash<kvfuse::SlotId> {
+  std::size_t operator()(kvfuse::SlotId v) const noexcept { return kvfuse::detail::mix64(v.value); }
+};
+template <>
+struct std::hash<kvfuse::BlockId> {
+  std::size_t operator()(kvfuse::BlockId v) const noexcept { return kvfuse::detail::mix64(v.value); }
+};
+template <>
+struct std::hash<kvfuse::LoadKey> {
+  std::size_t operator()(const kvfuse::LoadKey& k) const noexcept {
+    return kvfuse::detail::mix64(k.request.value ^ kvfuse::detail::mix64(k.generation.value));
+  }
+};
+template <>
+struct std::hash<kvfuse::StoreKey> {
+  std::size_t operator()(const kvfuse::StoreKey& k) const noexcept {
+    return kvfuse::detail::mix64(k.hash.value ^ kvfuse::detail::mix64(k.generation.value));
+  }
+};

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Makes sure kvfuse's build dependencies (Debian packages only) are installed.
+# As root: installs whatever is missing with apt-get. As anyone else: stops and prints
+# the exact command to run.
+set -euo pipefail
+packages=(build-essential cmake make libboost-dev doctest-dev libbenchmark-dev libamdhip64-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+  echo "kvfuse: missing build dependencies. Run, as root:" >&2
+  echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "kvfuse: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,29 @@
+# Builds and runs a tiny consumer of kvfuse, as an engine would.
+#   MODE=find_package : install kvfuse into a temp prefix, then find_package(kvfuse CONFIG REQUIRED)
+#   MODE=subdirectory : add_subdirectory(<kvfuse source>)
+# Invoked by ctest with -DKVFUSE_SOURCE=... -DWORK=... -DMODE=...
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+
+function(run)
+  execute_process(COMMAND ${ARGV} WORKING_DIRECTORY ${WORK} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "command failed (${rc}): ${ARGV}\n${out}\n${err}")
+  endif()
+  message("${out}")
+endfunction()
+
+if(MODE STREQUAL "find_package")
+  run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE} -B ${WORK}/kvfuse-build -DKVFUSE_BUILD_TESTS=OFF
+      -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX=${WORK}/prefix)
+  run(${CMAKE_COMMAND} --install ${WORK}/kvfuse-build)
+  run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE}/tests/consumer/find_package -B ${WORK}/consumer-build
+      -DCMAKE_PREFIX_PATH=${WORK}/prefix)
+elseif(MODE STREQUAL "subdirectory")
+  run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE}/tests/consumer/subdirectory -B ${WORK}/consumer-build
+      -DKVFUSE_SOURCE=${KVFUSE_SOURCE})
+else()
+  message(FATAL_ERROR "MODE must be find_package or subdirectory, got '${MODE}'")
+endif()
+run(${CMAKE_COMMAND} --build ${WORK}/consumer-build)
+run(${WORK}/consumer-build/consumer)
