@@ -1,0 +1,156 @@
+// kvfuse/completion/single_rank.hpp — the one-rank group: each record is its own settlement.
+//
+// With one rank there is nothing to wait for and nothing to merge, so SingleRank keeps no
+// pending table and no tombstones: a record for a key the engine holds as outstanding
+// settles the moment it is drained; anything else is late (R3; the index is the truth).
+//
+// The handoff. The rank's lanes run on their own threads and the engine settles on its
+// own, so a record must cross threads; "no queue" in DESIGN means no quorum between the
+// record and its settlement, not a direct cross-thread call. The crossing is the same
+// bounded lock-free SPSC lane queue TpQuorum uses (a RankQueue for rank 0): wait-free for
+// the lane while there is room, never blocking it on the engine, never allocating.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include <kvfuse/completion/group.hpp>
+#include <kvfuse/completion/rank_queue.hpp>
+#include <kvfuse/completion/records.hpp>
+#include <kvfuse/error.hpp>
+
+namespace kvfuse {
+
+/// Shape of a SingleRank group.
+struct SingleRankConfig {
+  std::size_t lanes = 3;             ///< producing lanes; 0 = no in-process queue (records arrive via ingest)
+  std::size_t lane_capacity = 4096;  ///< records per lane queue
+  Backoff backoff{};                 ///< how a producer waits on a full lane queue
+};
+
+/// The one-rank group. Rank side: emitter(0, lane). Engine side: drain + merge from one
+/// engine thread (not thread-safe; the lane queues are the only thread boundary).
+/// Non-copyable, non-movable.
+class SingleRank {
+ public:
+  using Emitter = LaneEmitter;
+
+  /// Throws Error(invalid_argument) naming the value if lane_capacity is 0 with lanes.
+  explicit SingleRank(SingleRankConfig config = {}) {
+    if (config.lanes > 0)
+      queue_ = std::make_unique<RankQueue>(0, RankQueueConfig{config.lanes, config.lane_capacity, config.backoff});
+  }
+  SingleRank(const SingleRank&) = delete;
+  SingleRank& operator=(const SingleRank&) = delete;
+
+  [[nodiscard]] std::uint32_t world_size() const noexcept { return 1; }
+
+  /// Claims lane `lane` of rank 0. Throws Error naming the rank or lane if the rank is not
+  /// 0, the lane is out of range or claimed, or the group has no in-process queue.
+  [[nodiscard]] LaneEmitter emitter(std::uint32_t rank, std::size_t lane) { return queue(rank).emitter(lane); }
+
+  /// The rank's queue. Throws Error naming the rank if it is not 0, or if built with lanes == 0.
+  [[nodiscard]] RankQueue& queue(std::uint32_t rank = 0) {
+    if (rank != 0)
+      throw Error(ErrorCode::invalid_argument, "rank " + std::to_string(rank) + " out of range: SingleRank has rank 0 only");
+    if (!queue_) throw Error(ErrorCode::invalid_argument, "this SingleRank was built with lanes = 0: it has no queue");
+    return *queue_;
+  }
+
+  /// Visits every queued record: visitor(0, record). Engine thread only; noexcept.
+  template <class Visitor>
+  std::size_t drain(Visitor& visitor) noexcept {
+    if (!queue_) return 0;
+    auto bound = [&visitor](const auto& record) noexcept { visitor(std::uint32_t{0}, record); };
+    return queue_->drain(bound);
+  }
+
+  /// Settles one load record at once if `admit(key)`: Settlement{key, record_ok,
+  /// record_missed_state}. Engine thread only; noexcept.
+  template <AdmitPolicy Admit, SettlementSink Sink>
+  MergeResult merge(std::uint32_t source_rank, const CompletionRecord& r, Admit& admit, Sink& sink) noexcept {
+    const MergeResult gate = check(source_rank, r.rank, r.key, admit);
+    if (gate != MergeResult::settled) return gate;
+    ++counters_.settled;
+    sink(Settlement{r.key, record_ok(r), record_missed_state(r)});
+    return MergeResult::settled;
+  }
+
+  /// Settles one store record at once if `admit(key)`. Engine thread only; noexcept.
+  template <AdmitPolicy Admit, SettlementSink Sink>
+  MergeResult merge(std::uint32_t source_rank, const StoreRecord& r, Admit& admit, Sink& sink) noexcept {
+    const MergeResult gate = check(source_rank, r.rank, r.key, admit);
+    if (gate != MergeResult::settled) return gate;
+    ++counters_.store_settled;
+    sink(StoreSettlement{r.key, r.stored, r.source_released});
+    return MergeResult::settled;
+  }
+
+  /// Merges a batch that arrived from `source_rank`; returns how many settled. noexcept.
+  template <class Record, AdmitPolicy Admit, SettlementSink Sink>
+  std::size_t ingest(std::uint32_t source_rank, std::span<const Record> records, Admit& admit, Sink& sink) noexcept {
+    std::size_t settled = 0;
+    for (const Record& r : records) settled += merge(source_rank, r, admit, sink) == MergeResult::settled ? 1 : 0;
+    return settled;
+  }
+
+  /// The only rank died: its later records are dropped and counted. Nothing is pending in
+  /// this group, so nothing settles here: the engine fails its outstanding loads through
+  /// its index. Throws Error naming the rank if it is not 0. Engine thread.
+  template <SettlementSink Sink>
+  void mark_rank_dead(std::uint32_t rank, Sink& /*sink*/) {
+    if (rank != 0)
+      throw Error(ErrorCode::invalid_argument,
+                  "cannot mark rank " + std::to_string(rank) + " dead: SingleRank has rank 0 only");
+    dead_ = true;
+  }
+
+  /// No pending keys, so no clock is needed. noexcept.
+  void set_time(std::chrono::steady_clock::time_point /*now*/) noexcept {}
+
+  /// Counters; pending is always 0. Engine thread; O(lanes).
+  [[nodiscard]] GroupStats stats() const noexcept {
+    GroupStats s = counters_;
+    s.world_size = 1;
+    s.live_ranks = dead_ ? 0 : 1;
+    if (queue_) s.queues = queue_->stats();
+    return s;
+  }
+
+  /// Shutdown: closes the queue (see RankQueue::close). Thread-safe.
+  void close() noexcept {
+    if (queue_) queue_->close();
+  }
+
+ private:
+  // Returns `settled` when the record may settle, else the reason it is dropped (counted).
+  template <class Key, class Admit>
+  MergeResult check(std::uint32_t source_rank, std::uint32_t rank, const Key& key, Admit& admit) noexcept {
+    ++counters_.records;
+    if (rank != 0 || source_rank != 0) {
+      ++counters_.invalid_reports;
+      return MergeResult::invalid;
+    }
+    if (dead_) {
+      ++counters_.dead_rank_reports;
+      return MergeResult::dead_rank;
+    }
+    if (!static_cast<bool>(admit(key))) {
+      ++counters_.late_reports;
+      return MergeResult::late;
+    }
+    return MergeResult::settled;
+  }
+
+  std::unique_ptr<RankQueue> queue_;
+  bool dead_ = false;
+  GroupStats counters_{};
+};
+
+static_assert(CompletionGroup<SingleRank>);
+
+}  // namespace kvfuse

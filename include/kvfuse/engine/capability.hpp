@@ -1,0 +1,171 @@
+// kvfuse/engine/capability.hpp — whether the state tier exists, decided once, from config
+// alone (R14).
+//
+// One owner: the engine computes a Capability from its ConnectorConfig before any rank
+// exists and hands the answer to the ranks; a rank never re-decides it from its own view
+// of the world. The predicate does no I/O and is deterministic. A malformed config is an
+// Error, never a quiet "no tier": a tier that is silently off while the operator believes
+// it is on is the failure this header exists to prevent.
+//
+// Everything here is thread-safe (pure functions over their arguments).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <kvfuse/engine/connector_names.hpp>
+#include <kvfuse/error.hpp>
+
+namespace kvfuse {
+
+/// What this engine does with the offload tier.
+enum class KvRole : std::uint8_t {
+  producer,  ///< stores only
+  consumer,  ///< loads only
+  both,      ///< stores and loads
+};
+
+/// What per-request state the model carries next to its paged KV.
+enum class StateLayout : std::uint8_t {
+  none,          ///< a dense model: no state tier
+  dsv4_slot,     ///< DeepSeek-V4 slot state
+  k3_recurrent,  ///< Kimi-K3 recurrent state
+};
+
+/// Stable names, for messages. Thread-safe, noexcept.
+constexpr std::string_view to_string(KvRole r) noexcept {
+  switch (r) {
+    case KvRole::producer: return "producer";
+    case KvRole::consumer: return "consumer";
+    case KvRole::both: return "both";
+  }
+  return "unknown_role";
+}
+constexpr std::string_view to_string(StateLayout l) noexcept {
+  switch (l) {
+    case StateLayout::none: return "none";
+    case StateLayout::dsv4_slot: return "dsv4_slot";
+    case StateLayout::k3_recurrent: return "k3_recurrent";
+  }
+  return "unknown_layout";
+}
+
+/// One sub-connector of a configured multi. `kv_role` empty: the multi's role applies.
+struct SubConnectorConfig {
+  std::string name;
+  std::optional<KvRole> kv_role;
+};
+
+/// The plain config the capability is decided from.
+struct ConnectorConfig {
+  std::string connector = "offload";         ///< any spelling; a multi spelling means `subs` is used
+  std::vector<SubConnectorConfig> subs;      ///< only for a multi; must be empty otherwise
+  KvRole kv_role = KvRole::both;
+  std::uint32_t pipeline_parallel_size = 1;  ///< must be >= 1
+  StateLayout layout = StateLayout::none;
+};
+
+/// The one answer to "what may this engine do with the offload tier".
+struct Capability {
+  bool can_store = false;     ///< the state tier exists and this role stores state into it
+  bool can_load = false;      ///< the state tier exists and this role loads state from it
+  bool kv_can_store = false;  ///< an offload connector is configured and this role stores KV
+  bool kv_can_load = false;   ///< an offload connector is configured and this role loads KV
+  /// Why the state tier is off or one-sided (empty when can_store && can_load). Names the
+  /// deciding config value.
+  std::string reason;
+  friend bool operator==(const Capability&, const Capability&) = default;
+};
+
+namespace detail {
+struct OffloadPresence {
+  bool present = false;
+  KvRole role = KvRole::both;
+  std::string where;  // for reasons
+};
+
+// Canonicalises every name in the config (throwing on unknown names, a multi without
+// subs, subs on a non-multi, nested multis and duplicate offload subs) and finds the
+// offload connector, if any, with its effective role.
+inline OffloadPresence find_offload(const ConnectorConfig& cfg) {
+  OffloadPresence p;
+  const std::string_view top = canonical_connector_name(cfg.connector);
+  if (top != "multi") {
+    if (!cfg.subs.empty())
+      throw Error(ErrorCode::invalid_argument, "connector '" + cfg.connector + "' is not a multi but lists " +
+                                                   std::to_string(cfg.subs.size()) + " sub-connectors");
+    p.present = top == "offload";
+    p.role = cfg.kv_role;
+    p.where = "connector '" + cfg.connector + "'";
+    return p;
+  }
+  std::vector<std::string_view> names;
+  names.reserve(cfg.subs.size());
+  for (const SubConnectorConfig& s : cfg.subs) names.emplace_back(s.name);
+  const std::vector<std::string_view> canonical = resolve_multi_subs(std::span<const std::string_view>(names));
+  for (std::size_t i = 0; i < canonical.size(); ++i) {
+    if (canonical[i] != "offload") continue;
+    p.present = true;
+    p.role = cfg.subs[i].kv_role.value_or(cfg.kv_role);
+    p.where = "multi sub-connector '" + cfg.subs[i].name + "'";
+  }
+  if (!p.present) p.where = "multi connector '" + cfg.connector + "'";
+  return p;
+}
+
+inline Capability capability_impl(const ConnectorConfig& cfg, bool pp_gate) {
+  if (cfg.pipeline_parallel_size == 0)
+    throw Error(ErrorCode::invalid_argument, "pipeline_parallel_size must be >= 1, got 0");
+  const OffloadPresence p = find_offload(cfg);
+  Capability cap;
+  if (!p.present) {
+    cap.reason = p.where + " hosts no offload connector";
+    return cap;
+  }
+  cap.kv_can_store = p.role != KvRole::consumer;
+  cap.kv_can_load = p.role != KvRole::producer;
+  if (cfg.layout == StateLayout::none) {
+    cap.reason = "layout=none: the model carries no per-request state";
+    return cap;
+  }
+  if (pp_gate && cfg.pipeline_parallel_size > 1) {
+    cap.reason = "pipeline_parallel_size=" + std::to_string(cfg.pipeline_parallel_size) +
+                 ": the state tier is unsupported under pipeline parallelism";
+    return cap;
+  }
+  cap.can_store = cap.kv_can_store;
+  cap.can_load = cap.kv_can_load;
+  if (!cap.can_load || !cap.can_store)
+    cap.reason = "kv_role=" + std::string(to_string(p.role)) + " of " + p.where + ": state " +
+                 (cap.can_load ? "loads only" : "stores only");
+  return cap;
+}
+}  // namespace detail
+
+/// The config-only predicate (R14): whether the state tier exists and which way this
+/// role may use it, and whether the offload connector's KV path stores/loads. Pipeline
+/// parallelism > 1 turns the state tier off here (check_engine_config refuses such an
+/// engine outright). Throws Error for a malformed config: unknown_connector,
+/// duplicate_offload, or invalid_argument (pp = 0, subs on a non-multi, a multi with no
+/// subs or a nested multi). No I/O. Thread-safe.
+inline Capability state_tier_capability(const ConnectorConfig& cfg) { return detail::capability_impl(cfg, true); }
+
+/// The engine-construction check, run before any rank exists: validates the config like
+/// state_tier_capability, and throws Error(unsupported_parallelism) naming the value when
+/// pipeline_parallel_size > 1 would carry a state tier. A config that would not host a
+/// state tier anyway (a dense layout, no offload connector) passes under any pp.
+/// Thread-safe.
+inline void check_engine_config(const ConnectorConfig& cfg) {
+  const Capability without_pp_gate = detail::capability_impl(cfg, false);
+  if (cfg.pipeline_parallel_size > 1 && (without_pp_gate.can_store || without_pp_gate.can_load))
+    throw Error(ErrorCode::unsupported_parallelism,
+                "pipeline_parallel_size=" + std::to_string(cfg.pipeline_parallel_size) + " with state layout " +
+                    std::string(to_string(cfg.layout)) +
+                    ": the state tier is unsupported under pipeline parallelism; use pipeline_parallel_size=1 "
+                    "or layout=none");
+}
+
+}  // namespace kvfuse

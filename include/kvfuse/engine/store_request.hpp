@@ -1,0 +1,29 @@
+// kvfuse/engine/store_request.hpp — the plain data of a save, engine to rank (DESIGN section 5).
+#pragma once
+
+#include <vector>
+
+#include <kvfuse/engine/ids.hpp>
+
+namespace kvfuse {
+
+/// Save whole chunks of a request's prefix. Chunk i of `chunk_keys` is prompt chunk
+/// `first_chunk + i`; `blocks` hold those chunks' tokens in order, chunk_tokens /
+/// block_tokens blocks per chunk. `key.hash` names the save (usually the last chunk's key).
+struct KvSave {
+  StoreKey key;
+  std::uint64_t first_chunk = 0;
+  std::vector<PrefixHash> chunk_keys;
+  std::vector<BlockId> blocks;
+  friend bool operator==(const KvSave&, const KvSave&) = default;
+};
+
+/// Save the state checkpoint held in `source` at `boundary_tokens` under `key.hash`.
+struct StateStore {
+  StoreKey key;
+  SlotId source;
+  TokenCount boundary_tokens = 0;
+  friend bool operator==(const StateStore&, const StateStore&) = default;
+};
+
+}  // namespace kvfuse

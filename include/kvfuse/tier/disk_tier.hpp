@@ -1,0 +1,627 @@
+// kvfuse/tier/disk_tier.hpp — DiskTier: one file per entry, validated on open and on read (R18).
+//
+// File layout (format version 1, all integers little-endian, 80-byte header):
+//
+//   off  size  field
+//     0     8  magic "KVFUSEDT"
+//     8     4  format version (1)
+//    12     4  header size (80)
+//    16     8  key.model
+//    24     8  key.hash
+//    32     4  key.world_size
+//    36     4  key.rank
+//    40     1  key.kind (1 kv_chunk, 2 state), then 7 zero bytes
+//    48     8  payload length in bytes
+//    56     8  XXH64 of the payload
+//    64     8  reserved, zero
+//    72     8  XXH64 of header bytes [0, 72)
+//    80     …  payload
+//
+// The file name spells the whole key too (`kv-<model>-<hash>-<world>-<rank>.kvt`, fixed-width
+// lowercase hex), and a file whose header key disagrees with its name is never served: a
+// slice cut for another rank, model or world size cannot be read back under this key.
+//
+// Restart: the constructor scans the directory and rebuilds the catalogue from the headers.
+// Files that fail validation (bad magic or version, header checksum, truncated or trailing
+// bytes, payload checksum, key/name mismatch, a name that is not an entry name) are moved to
+// `quarantine/` and counted, never served. Leftover `.tmp-*` files (a put interrupted by a
+// crash) are deleted: they were never published.
+//
+// Locking: one mutex guards the catalogue; it is never held across file I/O. Counters are
+// atomics. Reads and writes use POSIX calls on a directory descriptor opened once, so a get
+// builds its file name on the stack and never allocates.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <kvfuse/detail/checksum.hpp>
+#include <kvfuse/error.hpp>
+#include <kvfuse/tier/tier.hpp>
+
+namespace kvfuse {
+
+namespace detail::disk {
+
+inline constexpr std::size_t header_bytes = 80;
+inline constexpr std::uint32_t format_version = 1;
+inline constexpr char magic[8] = {'K', 'V', 'F', 'U', 'S', 'E', 'D', 'T'};
+inline constexpr std::size_t name_length = 58;  // "kv-" 16 "-" 16 "-" 8 "-" 8 ".kvt"
+inline constexpr std::string_view quarantine_dir = "quarantine";
+inline constexpr std::string_view temp_prefix = ".tmp-";
+
+/// What a header says about its file.
+struct Header {
+  TierKey key;
+  std::uint64_t payload_bytes = 0;
+  std::uint64_t payload_checksum = 0;
+};
+
+inline void store_le(std::byte* out, std::uint64_t v, int bytes) noexcept {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
+}
+inline std::uint64_t load_le(const std::byte* in, int bytes) noexcept {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= std::uint64_t{static_cast<std::uint8_t>(in[i])} << (8 * i);
+  return v;
+}
+
+inline void encode(const Header& h, std::byte* out) noexcept {
+  std::memset(out, 0, header_bytes);
+  std::memcpy(out, magic, sizeof magic);
+  store_le(out + 8, format_version, 4);
+  store_le(out + 12, header_bytes, 4);
+  store_le(out + 16, h.key.model, 8);
+  store_le(out + 24, h.key.hash.value, 8);
+  store_le(out + 32, h.key.world_size, 4);
+  store_le(out + 36, h.key.rank, 4);
+  store_le(out + 40, static_cast<std::uint8_t>(h.key.kind), 1);
+  store_le(out + 48, h.payload_bytes, 8);
+  store_le(out + 56, h.payload_checksum, 8);
+  store_le(out + 72, xxh64(std::span<const std::byte>(out, 72)), 8);
+}
+
+/// Decodes and validates a header (magic, version, size, kind, zero padding, checksum).
+inline std::optional<Header> decode(const std::byte* in) noexcept {
+  if (std::memcmp(in, magic, sizeof magic) != 0) return std::nullopt;
+  if (load_le(in + 8, 4) != format_version || load_le(in + 12, 4) != header_bytes) return std::nullopt;
+  if (load_le(in + 72, 8) != xxh64(std::span<const std::byte>(in, 72))) return std::nullopt;
+  const auto kind = load_le(in + 40, 1);
+  if (kind != static_cast<std::uint8_t>(EntryKind::kv_chunk) && kind != static_cast<std::uint8_t>(EntryKind::state))
+    return std::nullopt;
+  for (int i = 41; i < 48; ++i)
+    if (in[i] != std::byte{0}) return std::nullopt;
+  Header h;
+  h.key.model = load_le(in + 16, 8);
+  h.key.hash.value = load_le(in + 24, 8);
+  h.key.world_size = static_cast<std::uint32_t>(load_le(in + 32, 4));
+  h.key.rank = static_cast<std::uint32_t>(load_le(in + 36, 4));
+  h.key.kind = static_cast<EntryKind>(kind);
+  h.payload_bytes = load_le(in + 48, 8);
+  h.payload_checksum = load_le(in + 56, 8);
+  return h;
+}
+
+inline char* put_hex(char* out, std::uint64_t v, int digits) noexcept {
+  constexpr char hex[] = "0123456789abcdef";
+  for (int i = digits - 1; i >= 0; --i, v >>= 4) out[i] = hex[v & 0xf];
+  return out + digits;
+}
+
+/// Writes the entry file name of `key` (NUL-terminated) into `out`. False for a kind that
+/// has no file name (not kv_chunk or state).
+inline bool format_name(const TierKey& key, char (&out)[64]) noexcept {
+  char* p = out;
+  if (key.kind == EntryKind::kv_chunk) {
+    *p++ = 'k';
+    *p++ = 'v';
+  } else if (key.kind == EntryKind::state) {
+    *p++ = 's';
+    *p++ = 't';
+  } else {
+    return false;
+  }
+  *p++ = '-';
+  p = put_hex(p, key.model, 16);
+  *p++ = '-';
+  p = put_hex(p, key.hash.value, 16);
+  *p++ = '-';
+  p = put_hex(p, key.world_size, 8);
+  *p++ = '-';
+  p = put_hex(p, key.rank, 8);
+  std::memcpy(p, ".kvt", 5);
+  return true;
+}
+
+/// The key an entry file name spells, or nothing if `name` is not exactly an entry name
+/// (the canonical spelling: parse and format round-trip).
+inline std::optional<TierKey> parse_name(std::string_view name) noexcept {
+  if (name.size() != name_length) return std::nullopt;
+  TierKey key;
+  if (name.starts_with("kv-")) {
+    key.kind = EntryKind::kv_chunk;
+  } else if (name.starts_with("st-")) {
+    key.kind = EntryKind::state;
+  } else {
+    return std::nullopt;
+  }
+  auto field = [&](std::size_t at, int digits, std::uint64_t& v) {
+    v = 0;
+    for (int i = 0; i < digits; ++i) {
+      const char c = name[at + static_cast<std::size_t>(i)];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) return false;
+      v = v << 4 | static_cast<std::uint64_t>(d);
+    }
+    return true;
+  };
+  std::uint64_t world = 0, rank = 0;
+  if (!field(3, 16, key.model) || name[19] != '-' || !field(20, 16, key.hash.value) || name[36] != '-' ||
+      !field(37, 8, world) || name[45] != '-' || !field(46, 8, rank) || name.substr(54) != ".kvt")
+    return std::nullopt;
+  key.world_size = static_cast<std::uint32_t>(world);
+  key.rank = static_cast<std::uint32_t>(rank);
+  return key;
+}
+
+/// Owns a file descriptor. Move-only.
+class UniqueFd {
+ public:
+  UniqueFd() noexcept = default;
+  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
+  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~UniqueFd() { reset(); }
+  [[nodiscard]] int get() const noexcept { return fd_; }
+  [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
+  /// Closes now; false if close reported an error (a delayed write error on some filesystems).
+  bool reset() noexcept {
+    if (fd_ < 0) return true;
+    return ::close(std::exchange(fd_, -1)) == 0;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+/// Reads up to `n` bytes at `offset`, retrying short reads; the count read (short only at
+/// end of file), or -1 on an I/O error.
+inline long long read_at(int fd, std::byte* out, std::size_t n, std::uint64_t offset) noexcept {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    if (got == 0) break;
+    done += static_cast<std::size_t>(got);
+  }
+  return static_cast<long long>(done);
+}
+
+/// Writes all `n` bytes, retrying short writes. False on an I/O error.
+inline bool write_all(int fd, const std::byte* in, std::size_t n) noexcept {
+  while (n != 0) {
+    const ssize_t put = ::write(fd, in, n);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    in += put;
+    n -= static_cast<std::size_t>(put);
+  }
+  return true;
+}
+
+}  // namespace detail::disk
+
+/// How a DiskTier trades speed for durability.
+struct DiskTierOptions {
+  /// fsync each file before its rename and the directory after it, so a put that returned
+  /// true survives a power loss. Off by default: the rename alone already makes a put
+  /// atomic against a process crash (the page cache survives it), and a file torn by a
+  /// power loss fails its checksum and is quarantined on the next open, never served — a
+  /// cache may lose entries, it must not serve wrong ones. Turn it on when the entries are
+  /// expensive to recompute.
+  bool durable = false;
+  /// The opening scan checks every payload checksum (reads every byte). With false it
+  /// checks headers and lengths only and leaves payload corruption to be caught (and
+  /// quarantined) by the get that reads it: faster restarts over very large directories.
+  bool verify_payloads_on_open = true;
+};
+
+/// Counters of a DiskTier. `entries` and `bytes` describe the catalogue now; the rest
+/// count events since this object was constructed (the opening scan included).
+struct DiskTierStats {
+  std::size_t entries = 0;
+  std::uint64_t bytes = 0;          ///< payload bytes of the entries in the catalogue
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t get_failures = 0;   ///< gets that returned failed (too big for staging, I/O, corrupt)
+  std::uint64_t quarantined = 0;    ///< files moved to quarantine/ (at open or at read time)
+  std::uint64_t puts = 0;           ///< successful puts
+  std::uint64_t put_failures = 0;
+  std::uint64_t io_errors = 0;      ///< failed system calls (open, read, write, rename, ...)
+};
+
+/// A tier of one file per entry in one directory, durable across restarts (R18).
+///
+/// A put writes header and payload to a temporary name in the same directory and renames
+/// it over the entry's name, so a reader sees the old file or the new one, never a mix. A
+/// get reads into the caller's staging buffer and returns a view of it; it re-checks the
+/// header (key included) and the payload checksum on every read, and quarantines a file
+/// that fails. One DiskTier object should own a directory at a time (it deletes leftover
+/// temporary files when it opens); ranks share one object, or use one directory each.
+///
+/// Thread-safe: every member may be called from any thread at once; the catalogue lock is
+/// never held across file I/O. Not copyable or movable.
+class DiskTier {
+ public:
+  /// Opens (creating if missing) `directory`, makes `quarantine/` in it, and rebuilds the
+  /// catalogue by scanning it. Throws Error(io_failure) naming the path when the directory
+  /// cannot be created, opened or written.
+  explicit DiskTier(std::filesystem::path directory, DiskTierOptions options = {})
+      : directory_(std::move(directory)), options_(options) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::create_directories(directory_, ec);
+    if (ec) fail_open("cannot be created", ec);
+    if (!fs::is_directory(directory_, ec)) fail_open("is not a directory", ec);
+    dir_ = detail::disk::UniqueFd(::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dir_.valid()) fail_open("cannot be opened", errno_code());
+    if (::faccessat(dir_.get(), ".", W_OK, 0) != 0) fail_open("is not writable", errno_code());
+    const std::string quarantine(detail::disk::quarantine_dir);
+    if (::mkdirat(dir_.get(), quarantine.c_str(), 0755) != 0 && errno != EEXIST)
+      fail_open("cannot hold a quarantine/ subdirectory", errno_code());
+    quarantine_ = detail::disk::UniqueFd(::openat(dir_.get(), quarantine.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!quarantine_.valid()) fail_open("has a quarantine entry that is not a usable directory", errno_code());
+    // Distinguishes this object's temporary and quarantine names from any other's.
+    nonce_ = detail::mix64(static_cast<std::uint64_t>(::getpid()) ^
+                           static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                           reinterpret_cast<std::uintptr_t>(this));
+    scan();
+  }
+
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  /// Reads the entry for `key` into `staging` and returns a view of the bytes read.
+  /// `miss` if the catalogue does not have it (or its file vanished); `failed` if it is
+  /// larger than `staging`, an I/O call fails, or the file fails validation (then it is
+  /// quarantined and later gets miss). Any thread; noexcept; never allocates; blocks on
+  /// file I/O with no lock held (the catalogue lock is taken only for the O(1) lookup).
+  TierView get(const TierKey& key, std::span<std::byte> staging) noexcept {
+    if (!contains(key)) return counted_miss();
+    char name[64];
+    detail::disk::format_name(key, name);
+    detail::disk::UniqueFd fd(::openat(dir_.get(), name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd.valid()) {
+      if (errno == ENOENT) {  // erased (or replaced and erased) since the lookup
+        forget(key);
+        return counted_miss();
+      }
+      return counted_failure(true);
+    }
+    detail::disk::Header header;
+    switch (read_header(fd.get(), key, header)) {
+      case Check::ok: break;
+      case Check::io_error: return counted_failure(true);
+      case Check::corrupt: quarantine_open_file(fd.get(), name, key); return counted_failure(false);
+    }
+    if (header.payload_bytes > staging.size()) return counted_failure(false);
+    const auto n = static_cast<std::size_t>(header.payload_bytes);
+    const long long got = detail::disk::read_at(fd.get(), staging.data(), n, detail::disk::header_bytes);
+    if (got < 0) return counted_failure(true);
+    const auto payload = std::span<const std::byte>(staging.data(), n);
+    if (static_cast<std::size_t>(got) != n || detail::xxh64(payload) != header.payload_checksum) {
+      quarantine_open_file(fd.get(), name, key);
+      return counted_failure(false);
+    }
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    return TierView(payload);
+  }
+
+  /// Writes `bytes` as the entry for `key`, atomically replacing any previous one. False
+  /// (counted) on an I/O error or a key kind that has no file name. Any thread; noexcept.
+  /// Concurrent puts of one key leave one of them, whole. Blocks on file I/O with no lock
+  /// held; allocates only when the key is new to the catalogue (a map node).
+  bool put(const TierKey& key, std::span<const std::byte> bytes) noexcept {
+    char name[64];
+    if (!detail::disk::format_name(key, name)) return counted_put_failure(false);
+    std::byte header[detail::disk::header_bytes];
+    detail::disk::encode({key, bytes.size(), detail::xxh64(bytes)}, header);
+
+    char temp[96];
+    const std::size_t prefix = detail::disk::temp_prefix.size();
+    std::memcpy(temp, detail::disk::temp_prefix.data(), prefix);
+    std::memcpy(temp + prefix, name, detail::disk::name_length);
+    char* p = temp + prefix + detail::disk::name_length;
+    *p++ = '-';
+    p = detail::disk::put_hex(p, unique(), 16);
+    *p = '\0';
+
+    detail::disk::UniqueFd fd(::openat(dir_.get(), temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (!fd.valid()) return counted_put_failure(true);
+    bool ok = detail::disk::write_all(fd.get(), header, sizeof header) &&
+              detail::disk::write_all(fd.get(), bytes.data(), bytes.size());
+    if (ok && options_.durable) ok = ::fsync(fd.get()) == 0;
+    ok = fd.reset() && ok;
+    if (ok) ok = ::renameat(dir_.get(), temp, dir_.get(), name) == 0;
+    if (!ok) {
+      ::unlinkat(dir_.get(), temp, 0);
+      return counted_put_failure(true);
+    }
+    if (options_.durable && ::fsync(dir_.get()) != 0) io_errors_.fetch_add(1, std::memory_order_relaxed);
+    {
+      std::lock_guard lock(mutex_);
+      try {
+        const auto [it, inserted] = catalogue_.try_emplace(key, bytes.size());
+        if (!inserted) bytes_ -= std::exchange(it->second, bytes.size());
+        bytes_ += bytes.size();
+      } catch (...) {  // bad_alloc: the file is whole on disk and the next open adopts it
+        put_failures_.fetch_add(1, std::memory_order_relaxed);
+        return false;
+      }
+    }
+    puts_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  /// Whether the catalogue has `key`. Any thread; noexcept; O(1); no I/O.
+  bool contains(const TierKey& key) const noexcept {
+    std::lock_guard lock(mutex_);
+    return catalogue_.contains(key);
+  }
+
+  /// Removes `key` from the catalogue and deletes its file. True if it was in the
+  /// catalogue. Any thread; noexcept.
+  bool erase(const TierKey& key) noexcept {
+    if (!forget(key)) return false;
+    char name[64];
+    detail::disk::format_name(key, name);
+    if (::unlinkat(dir_.get(), name, 0) != 0 && errno != ENOENT) io_errors_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  /// The keys of `kind` in the catalogue, in no particular order: how an engine re-seeds
+  /// its index from the state entries that survived a restart (R18). Any thread;
+  /// allocates (not for a hot path); throws only std::bad_alloc.
+  std::vector<TierKey> keys(EntryKind kind) const {
+    std::vector<TierKey> out;
+    std::lock_guard lock(mutex_);
+    out.reserve(catalogue_.size());
+    for (const auto& [key, bytes] : catalogue_)
+      if (key.kind == kind) out.push_back(key);
+    return out;
+  }
+
+  /// A snapshot of the counters. Any thread; noexcept; O(1).
+  DiskTierStats stats() const noexcept {
+    DiskTierStats s;
+    {
+      std::lock_guard lock(mutex_);
+      s.entries = catalogue_.size();
+      s.bytes = bytes_;
+    }
+    s.hits = hits_.load(std::memory_order_relaxed);
+    s.misses = misses_.load(std::memory_order_relaxed);
+    s.get_failures = get_failures_.load(std::memory_order_relaxed);
+    s.quarantined = quarantined_.load(std::memory_order_relaxed);
+    s.puts = puts_.load(std::memory_order_relaxed);
+    s.put_failures = put_failures_.load(std::memory_order_relaxed);
+    s.io_errors = io_errors_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  /// The directory given at construction.
+  [[nodiscard]] const std::filesystem::path& directory() const noexcept { return directory_; }
+
+  /// The file name an entry for `key` has ("" for a kind without one). For operators and tests.
+  [[nodiscard]] static std::string file_name(const TierKey& key) {
+    char name[64];
+    return detail::disk::format_name(key, name) ? std::string(name) : std::string();
+  }
+
+  /// Where the entry for `key` lives (whether or not it exists).
+  [[nodiscard]] std::filesystem::path path_of(const TierKey& key) const { return directory_ / file_name(key); }
+
+ private:
+  enum class Check { ok, corrupt, io_error };
+
+  static std::error_code errno_code() noexcept { return {errno, std::generic_category()}; }
+
+  [[noreturn]] void fail_open(const char* what, const std::error_code& ec) const {
+    throw Error(ErrorCode::io_failure, "DiskTier directory '" + directory_.string() + "' " + what +
+                                           (ec ? ": " + ec.message() : std::string()));
+  }
+
+  std::uint64_t unique() noexcept { return nonce_ + counter_.fetch_add(1, std::memory_order_relaxed); }
+
+  TierView counted_miss() noexcept {
+    misses_.fetch_add(1, std::memory_order_relaxed);
+    return TierView(GetStatus::miss);
+  }
+  TierView counted_failure(bool io) noexcept {
+    if (io) io_errors_.fetch_add(1, std::memory_order_relaxed);
+    get_failures_.fetch_add(1, std::memory_order_relaxed);
+    return TierView(GetStatus::failed);
+  }
+  bool counted_put_failure(bool io) noexcept {
+    if (io) io_errors_.fetch_add(1, std::memory_order_relaxed);
+    put_failures_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+
+  // Drops `key` from the catalogue; true if it was there.
+  bool forget(const TierKey& key) noexcept {
+    std::lock_guard lock(mutex_);
+    const auto it = catalogue_.find(key);
+    if (it == catalogue_.end()) return false;
+    bytes_ -= it->second;
+    catalogue_.erase(it);
+    return true;
+  }
+
+  // Reads and validates the header of an open file against the key it must hold and the
+  // file's size (a truncated file or one with trailing bytes is corrupt).
+  static Check read_header(int fd, const TierKey& expected, detail::disk::Header& out) noexcept {
+    std::byte raw[detail::disk::header_bytes];
+    const long long got = detail::disk::read_at(fd, raw, sizeof raw, 0);
+    if (got < 0) return Check::io_error;
+    if (static_cast<std::size_t>(got) != sizeof raw) return Check::corrupt;
+    const auto header = detail::disk::decode(raw);
+    if (!header || header->key != expected) return Check::corrupt;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return Check::io_error;
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size < detail::disk::header_bytes || size - detail::disk::header_bytes != header->payload_bytes)
+      return Check::corrupt;
+    out = *header;
+    return Check::ok;
+  }
+
+  // Writes "<name>.q<unique hex>" into `out`, truncating a long foreign name.
+  void quarantine_name(std::string_view name, char (&out)[256]) noexcept {
+    const std::size_t keep = name.size() < 200 ? name.size() : 200;
+    std::memcpy(out, name.data(), keep);
+    char* p = out + keep;
+    *p++ = '.';
+    *p++ = 'q';
+    p = detail::disk::put_hex(p, unique(), 16);
+    *p = '\0';
+  }
+
+  // Moves `name` into quarantine/; counts it. Used by the opening scan (single-threaded).
+  void quarantine(const char* name) noexcept {
+    char target[256];
+    quarantine_name(name, target);
+    if (::renameat(dir_.get(), name, quarantine_.get(), target) == 0) {
+      quarantined_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      io_errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
+  // A get found the file it opened corrupt. Quarantine it only if the name still refers to
+  // that same file: a put may have renamed a good file over it since we opened it. Either
+  // way the catalogue forgets the key unless a newer file took the name.
+  void quarantine_open_file(int fd, const char* name, const TierKey& key) noexcept {
+    struct stat opened {}, current {};
+    if (::fstat(fd, &opened) != 0 || ::fstatat(dir_.get(), name, &current, AT_SYMLINK_NOFOLLOW) != 0) {
+      io_errors_.fetch_add(1, std::memory_order_relaxed);
+      forget(key);
+      return;
+    }
+    if (opened.st_dev != current.st_dev || opened.st_ino != current.st_ino) return;  // already replaced
+    quarantine(name);
+    forget(key);
+  }
+
+  // Rebuilds the catalogue from the directory. Construction only (no other thread yet).
+  void scan() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    std::vector<std::string> names;
+    for (fs::directory_iterator it(directory_, ec), end; !ec && it != end; it.increment(ec)) {
+      std::error_code type_ec;
+      if (it->symlink_status(type_ec).type() == fs::file_type::regular) names.push_back(it->path().filename().string());
+    }
+    if (ec) fail_open("cannot be listed", ec);
+
+    std::unique_ptr<std::byte[]> buffer;  // for streaming payload checksums
+    constexpr std::size_t buffer_bytes = std::size_t{1} << 20;
+    for (const std::string& name : names) {
+      if (std::string_view(name).starts_with(detail::disk::temp_prefix)) {  // an unpublished put
+        ::unlinkat(dir_.get(), name.c_str(), 0);
+        continue;
+      }
+      const auto key = detail::disk::parse_name(name);
+      if (!key) {
+        quarantine(name.c_str());
+        continue;
+      }
+      detail::disk::UniqueFd fd(::openat(dir_.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+      if (!fd.valid()) {
+        io_errors_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      detail::disk::Header header;
+      Check check = read_header(fd.get(), *key, header);
+      if (check == Check::ok && options_.verify_payloads_on_open) {
+        if (!buffer) buffer = std::make_unique<std::byte[]>(buffer_bytes);
+        check = verify_payload(fd.get(), header, buffer.get(), buffer_bytes);
+      }
+      if (check == Check::io_error) {  // not proof of corruption: leave the file, do not serve it
+        io_errors_.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      if (check == Check::corrupt) {
+        quarantine(name.c_str());
+        continue;
+      }
+      catalogue_.emplace(*key, header.payload_bytes);
+      bytes_ += header.payload_bytes;
+    }
+  }
+
+  static Check verify_payload(int fd, const detail::disk::Header& header, std::byte* buffer, std::size_t size) noexcept {
+    detail::Xxh64 hash;
+    std::uint64_t offset = detail::disk::header_bytes;
+    std::uint64_t left = header.payload_bytes;
+    while (left != 0) {
+      const std::size_t want = left < size ? static_cast<std::size_t>(left) : size;
+      const long long got = detail::disk::read_at(fd, buffer, want, offset);
+      if (got < 0) return Check::io_error;
+      if (static_cast<std::size_t>(got) != want) return Check::corrupt;
+      hash.update(std::span<const std::byte>(buffer, want));
+      offset += want;
+      left -= want;
+    }
+    return hash.digest() == header.payload_checksum ? Check::ok : Check::corrupt;
+  }
+
+  std::filesystem::path directory_;
+  DiskTierOptions options_;
+  detail::disk::UniqueFd dir_;
+  detail::disk::UniqueFd quarantine_;
+  std::uint64_t nonce_ = 0;
+  std::atomic<std::uint64_t> counter_{0};
+
+  mutable std::mutex mutex_;
+  std::unordered_map<TierKey, std::uint64_t> catalogue_;  // key -> payload bytes; guarded by mutex_
+  std::uint64_t bytes_ = 0;                               // guarded by mutex_
+
+  std::atomic<std::uint64_t> hits_{0}, misses_{0}, get_failures_{0}, quarantined_{0}, puts_{0}, put_failures_{0},
+      io_errors_{0};
+};
+
+static_assert(Tier<DiskTier>);
+
+}  // namespace kvfuse

@@ -1,0 +1,311 @@
+// kvfuse/worker/connector.hpp — Connector<KvLeg, StateLeg, Group, Runtime>: one rank's
+// side of the offload tier.
+//
+// The connector owns its lanes (single-thread executors), one copy stream and one staging
+// buffer per lane, and one record emitter per lane. Every load it accepts produces exactly
+// one CompletionRecord (R1) through a guard the load task holds from its first line; every
+// save produces exactly one StoreRecord. Nothing on the load or store path allocates (R12)
+// or throws (R19).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <kvfuse/completion/completion_guard.hpp>
+#include <kvfuse/completion/group.hpp>
+#include <kvfuse/device/host_runtime.hpp>
+#include <kvfuse/device/save_fence.hpp>
+#include <kvfuse/worker/lane.hpp>
+#include <kvfuse/worker/leg.hpp>
+#include <kvfuse/worker/staging.hpp>
+
+namespace kvfuse {
+
+/// Construction-time knobs of a Connector.
+struct ConnectorOptions {
+  std::size_t lane_capacity = 256;  ///< queued tasks per lane before submit backs off
+  std::size_t staging_bytes = 0;    ///< per-lane staging; 0 = the largest chunk or state entry
+};
+
+/// Counters of one connector. Read from any thread (relaxed atomics): a snapshot, not a fence.
+struct ConnectorStats {
+  std::size_t lanes = 0;                 ///< lanes this composition runs (2 without state, 3 with a concurrent one)
+  std::size_t standing_staging_bytes = 0;  ///< exactly lanes x staging buffer (R12)
+  std::uint64_t loads = 0;               ///< loads accepted
+  std::uint64_t saves = 0;               ///< saves accepted (KV and state)
+  std::uint64_t fence_fallbacks = 0;     ///< steps that degraded to a device synchronize (R13)
+};
+
+namespace detail {
+/// Stands in for a member a composition does not have (no state lane under NoState).
+/// Constructible from anything, so the member's initializer is written once.
+struct Absent {
+  constexpr Absent() noexcept = default;
+  template <class... Args>
+  constexpr explicit Absent(Args&&...) noexcept {}
+};
+template <bool Present, class T>
+using maybe_t = std::conditional_t<Present, T, Absent>;
+}  // namespace detail
+
+/// One rank's connector. Thread rules: `load`, `save_kv`, `store_state` and `begin_step`
+/// are called by ONE thread per rank (the rank's dispatch thread); they never block on a
+/// leg (they enqueue onto a lane; only a full lane makes them back off). `stats` is
+/// thread-safe. Destruction finishes every queued task, so every accepted load still
+/// reports (R1), then joins the lanes.
+template <class KvLeg, class StateLeg, CompletionGroup Group, Runtime R = HostRuntime>
+  requires KvLegFor<KvLeg, R> && StateLegFor<StateLeg, R>
+class Connector {
+ public:
+  using Emitter = typename Group::Emitter;
+  using kv_leg_type = KvLeg;
+  using state_leg_type = StateLeg;
+  using group_type = Group;
+  using runtime_type = R;
+  static constexpr StateOrdering ordering = StateLeg::ordering;
+  static constexpr bool has_state = ordering != StateOrdering::none;
+  static constexpr bool has_state_lane = ordering == StateOrdering::concurrent;
+  /// Lane indices, also the index of each lane's staging buffer and emitter.
+  static constexpr std::size_t load_lane = 0, store_lane = 1, state_lane = 2;
+  static constexpr std::size_t lane_count = has_state_lane ? 3 : 2;
+
+  /// The emitters of this rank, one per lane (a lane is the only producer of its emitter).
+  struct Emitters {
+    Emitter load;
+    Emitter store;
+    [[no_unique_address]] detail::maybe_t<has_state_lane, Emitter> state{};
+  };
+
+  /// Builds the lanes, streams and staging. Throws kvfuse::Error naming a bad geometry or
+  /// option value, or if the runtime cannot allocate. `runtime`, the tiers behind the legs
+  /// and `memory` must outlive the connector.
+  Connector(const RankGeometry& geometry, R& runtime, DeviceMemory memory, KvLeg kv_leg, StateLeg state_leg,
+            Emitters emitters, ConnectorOptions options = {})
+      : geometry_(validated(geometry, memory)),
+        runtime_(runtime),
+        memory_(memory),
+        kv_leg_(std::move(kv_leg)),
+        state_leg_(std::move(state_leg)),
+        emitters_(std::move(emitters)),
+        staging_(runtime, lane_count, staging_size(geometry_, options)),
+        chunk_mask_(geometry_.max_chunks_per_load, 0),
+        fence_(runtime),
+        streams_(make_streams(runtime)),
+        load_lane_("kvfuse-load", options.lane_capacity),
+        store_lane_("kvfuse-store", options.lane_capacity),
+        state_lane_("kvfuse-state", options.lane_capacity) {}
+
+  /// Same, claiming this rank's lane emitters from `group` (lanes 0 .. lane_count-1 of
+  /// rank geometry.rank). Throws kvfuse::Error if the group has too few lanes or they are
+  /// already claimed.
+  Connector(const RankGeometry& geometry, R& runtime, DeviceMemory memory, KvLeg kv_leg, StateLeg state_leg,
+            Group& group, ConnectorOptions options = {})
+      : Connector(geometry, runtime, memory, std::move(kv_leg), std::move(state_leg),
+                  claim_emitters(group, geometry.rank), options) {}
+
+  /// Claims the lane emitters of `rank` from `group`, in lane order (load, store, state).
+  static Emitters claim_emitters(Group& group, std::uint32_t rank) {
+    if constexpr (has_state_lane) {
+      return Emitters{group.emitter(rank, load_lane), group.emitter(rank, store_lane), group.emitter(rank, state_lane)};
+    } else {
+      return Emitters{group.emitter(rank, load_lane), group.emitter(rank, store_lane)};
+    }
+  }
+
+  Connector(const Connector&) = delete;
+  Connector& operator=(const Connector&) = delete;
+
+  ~Connector() { drain(); }
+
+  /// Accepts one load: KV-only and joint loads run on the load lane; a state-only load
+  /// with a concurrent state leg runs entirely on the state lane (R9), so it never queues
+  /// behind other requests' KV retrieves. Exactly one record follows (R1). Dispatch thread
+  /// only; noexcept; never allocates (the request is moved into the lane's inline task).
+  void load(LoadRequest request) noexcept {
+    loads_.fetch_add(1, std::memory_order_relaxed);
+    if constexpr (has_state_lane) {
+      if (!request.kv.has_value()) {
+        state_lane_.submit([this, req = std::move(request)]() mutable noexcept { run_state_only(req); });
+        return;
+      }
+    }
+    load_lane_.submit([this, req = std::move(request)]() mutable noexcept { run_load(req); });
+  }
+
+  /// Saves whole KV chunks on the store lane, after the step's producer fence (R13).
+  /// Exactly one StoreRecord follows. Dispatch thread only; noexcept.
+  void save_kv(KvSave save) noexcept {
+    saves_.fetch_add(1, std::memory_order_relaxed);
+    store_lane_.submit([this, s = std::move(save)]() mutable noexcept {
+      run_save(s.key, [&](LaneContext<R>& lane) { return kv_leg_.save(s, lane); });
+    });
+  }
+
+  /// Saves a state checkpoint on the store lane (DESIGN section 5). Exactly one
+  /// StoreRecord follows; a rank without a state tier reports stored = false,
+  /// source_released = true (R14). Dispatch thread only; noexcept.
+  void store_state(StateStore store) noexcept
+    requires has_state
+  {
+    saves_.fetch_add(1, std::memory_order_relaxed);
+    store_lane_.submit([this, s = store]() noexcept {
+      run_save(s.key, [&](LaneContext<R>& lane) { return state_leg_.store(s, lane); });
+    });
+  }
+
+  /// Marks the end of this step's forward on `compute`: saves submitted afterwards wait
+  /// for it on the device (R13). One event per step; falls back to a device synchronize if
+  /// the event cannot be created or recorded. Dispatch thread only; noexcept.
+  void begin_step(typename R::Stream& compute) noexcept { fence_.begin_step(compute); }
+
+  /// Blocks until every lane is idle. Any thread but a lane's own.
+  void drain() noexcept {
+    load_lane_.wait_idle();
+    if constexpr (has_state_lane) state_lane_.wait_idle();
+    store_lane_.wait_idle();
+  }
+
+  /// A snapshot of the counters. Thread-safe, wait-free.
+  [[nodiscard]] ConnectorStats stats() const noexcept {
+    return ConnectorStats{lane_count, staging_.standing_bytes(), loads_.load(std::memory_order_relaxed),
+                          saves_.load(std::memory_order_relaxed), fence_.stats().fallback_steps};
+  }
+
+  /// This rank's geometry.
+  [[nodiscard]] const RankGeometry& geometry() const noexcept { return geometry_; }
+
+ private:
+  using Streams = std::vector<typename R::Stream>;
+
+  static const RankGeometry& validated(const RankGeometry& geometry, DeviceMemory memory) {
+    geometry.validate();
+    if (memory.kv_blocks == nullptr) throw Error(ErrorCode::invalid_argument, "DeviceMemory::kv_blocks is null");
+    if (has_state && geometry.num_slots == 0)
+      throw Error(ErrorCode::invalid_argument, "num_slots must be > 0 for a stateful connector, got 0");
+    if (has_state && memory.slots == nullptr)
+      throw Error(ErrorCode::invalid_argument, "DeviceMemory::slots is null for a stateful connector");
+    return geometry;
+  }
+
+  static std::size_t staging_size(const RankGeometry& geometry, const ConnectorOptions& options) {
+    if (options.staging_bytes != 0) return options.staging_bytes;
+    const std::size_t state_entry = has_state ? geometry.slot_bytes + 64 : 0;  // room for a sidecar
+    return std::max(geometry.chunk_bytes(), state_entry);
+  }
+
+  static Streams make_streams(R& runtime) {
+    Streams streams;
+    streams.reserve(lane_count);
+    for (std::size_t i = 0; i < lane_count; ++i) streams.push_back(runtime.make_stream());
+    return streams;
+  }
+
+  LaneContext<R> context(std::size_t lane) noexcept {
+    // Only the load lane retrieves chunks; the other lanes never touch the mask.
+    return LaneContext<R>{runtime_, streams_[lane], staging_.buffer(lane),
+                          lane == load_lane ? std::span<std::uint8_t>(chunk_mask_) : std::span<std::uint8_t>{},
+                          geometry_, memory_};
+  }
+
+  /// The load lane's task. The state leg of a concurrent joint load is submitted first so
+  /// both legs run at once; the join happens on every path before the guard reports (R9).
+  void run_load(LoadRequest& req) noexcept {
+    CompletionGuard<Emitter> guard(req, geometry_.rank, emitters_.load);
+    auto lane = context(load_lane);
+    if constexpr (has_state_lane) {
+      if (req.state.has_value()) {
+        StateVerdict state_verdict;
+        LegJoin join;
+        state_lane_.submit([this, &req, &state_verdict, &join]() noexcept {
+          state_verdict = run_state_leg(*req.state, &*req.kv, context(state_lane));
+          join.arrive();
+        });
+        run_kv_leg(req, lane, guard);
+        join.wait();
+        guard.state(state_verdict.outcome, state_verdict.reason);
+        return;
+      }
+    }
+    run_kv_leg(req, lane, guard);
+    if constexpr (ordering == StateOrdering::after_kv) {
+      if (req.state.has_value()) {
+        const StateVerdict v = run_state_leg(*req.state, req.kv ? &*req.kv : nullptr, lane);
+        guard.state(v.outcome, v.reason);
+      }
+    }
+  }
+
+  /// The state lane's task for a state-only load: it reports from the state lane.
+  void run_state_only(LoadRequest& req) noexcept
+    requires has_state_lane
+  {
+    CompletionGuard<Emitter> guard(req, geometry_.rank, emitters_.state);
+    const StateVerdict v = run_state_leg(*req.state, nullptr, context(state_lane));
+    guard.state(v.outcome, v.reason);
+  }
+
+  /// The store lane's task: fence, gather, put, one StoreRecord. If nothing can order
+  /// the gather after the forward (R13: not even a device synchronize), the save fails
+  /// without reading the source, so the source is released untouched.
+  template <class Save>
+  void run_save(StoreKey key, Save&& save) noexcept {
+    StoreGuard<Emitter> guard(key, geometry_.rank, emitters_.store);
+    auto lane = context(store_lane);
+    if (!fence_.fence(lane.stream)) {
+      guard.fail(Reason::kv_transfer_failed);
+      guard.release_source();
+      return;
+    }
+    try {
+      guard.set(save(lane));
+    } catch (...) {
+      guard.fail(Reason::exception);
+    }
+  }
+
+  void run_kv_leg(const LoadRequest& req, LaneContext<R>& lane, CompletionGuard<Emitter>& guard) noexcept {
+    if (!req.kv.has_value()) return;
+    try {
+      const KvVerdict v = kv_leg_.load(*req.kv, lane);
+      if (v.ok) guard.kv_ok();
+      else guard.kv_failed(v.reason);
+    } catch (...) {
+      guard.kv_failed(Reason::exception);
+    }
+  }
+
+  StateVerdict run_state_leg(const StateSpec& spec, const KvSpec* kv, LaneContext<R> lane) noexcept
+    requires has_state
+  {
+    try {
+      return state_leg_.load(spec, kv, lane);
+    } catch (...) {
+      return {StateOutcome::failed, Reason::exception};
+    }
+  }
+
+  const RankGeometry geometry_;
+  R& runtime_;
+  DeviceMemory memory_;
+  KvLeg kv_leg_;
+  [[no_unique_address]] StateLeg state_leg_;
+  Emitters emitters_;
+  StagingPool<R> staging_;
+  std::vector<std::uint8_t> chunk_mask_;
+  SaveFence<R> fence_;
+  Streams streams_;
+  std::atomic<std::uint64_t> loads_{0};
+  std::atomic<std::uint64_t> saves_{0};
+  // Lanes last: they are destroyed first, so queued tasks finish while everything they
+  // touch is still alive.
+  Lane load_lane_;
+  Lane store_lane_;
+  [[no_unique_address]] detail::maybe_t<has_state_lane, Lane> state_lane_;
+};
+
+}  // namespace kvfuse

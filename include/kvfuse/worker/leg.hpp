@@ -1,0 +1,87 @@
+// kvfuse/worker/leg.hpp — the KvLeg and StateLeg policies and what a lane hands them.
+//
+// A leg is a small policy object: it knows one tier and one way of moving bytes between
+// that tier and the device. The Connector owns the lanes, streams and staging and lends
+// them to the leg for one call through a LaneContext, so legs hold no threads and no
+// buffers of their own and a user-written leg is a dozen lines.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <kvfuse/completion/records.hpp>
+#include <kvfuse/device/runtime.hpp>
+#include <kvfuse/engine/load_request.hpp>
+#include <kvfuse/engine/store_request.hpp>
+#include <kvfuse/worker/rank_geometry.hpp>
+
+namespace kvfuse {
+
+/// The engine's device pools this rank moves bytes into and out of. The engine owns them.
+/// Block b is [kv_blocks + b * block_bytes, + block_bytes); slot s likewise with slot_bytes.
+struct DeviceMemory {
+  std::byte* kv_blocks = nullptr;
+  std::byte* slots = nullptr;
+};
+
+/// Everything one lane lends a leg for one call. Only the lane's own thread uses it.
+template <Runtime R>
+struct LaneContext {
+  R& runtime;
+  typename R::Stream& stream;           ///< the lane's copy stream
+  std::span<std::byte> staging;         ///< the lane's staging buffer (R12: allocated at construction)
+  std::span<std::uint8_t> chunk_mask;   ///< per-chunk arrival mask, max_chunks_per_load long
+  const RankGeometry& geometry;
+  DeviceMemory memory;
+};
+
+/// Result of a KV leg on one rank.
+struct KvVerdict {
+  bool ok = false;
+  Reason reason = Reason::none;
+};
+
+/// Result of a state leg on one rank.
+struct StateVerdict {
+  StateOutcome outcome = StateOutcome::failed;
+  Reason reason = Reason::leg_not_run;
+};
+
+/// Result of a save on one rank: what goes into its StoreRecord.
+struct SaveVerdict {
+  bool stored = false;
+  bool source_released = false;
+  Reason reason = Reason::none;
+};
+
+/// How a state leg is scheduled relative to the KV leg of the same load.
+enum class StateOrdering {
+  none,        ///< no state leg exists (dense): no state lane, no state branch compiled
+  concurrent,  ///< own lane, runs while the KV leg runs; the load task joins it (K3, R9)
+  after_kv,    ///< same lane, after the KV leg (DSV4: page retrieve, sidecar check, slot scatter)
+};
+
+/// A KV leg: moves chunks of [hbm, end) from a tier into blocks, and saves whole chunks.
+/// Both calls run on one lane's thread and should not throw; if one does, the Connector's
+/// guard still reports (R1) with Reason::exception.
+template <class L, class R>
+concept KvLegFor = Runtime<R> && requires(L& leg, const KvSpec& spec, const KvSave& save, LaneContext<R>& lane) {
+  { leg.load(spec, lane) } -> std::same_as<KvVerdict>;
+  { leg.save(save, lane) } -> std::same_as<SaveVerdict>;
+};
+
+/// A state leg: its ordering, and (unless ordering is none) load and store calls. `kv` is
+/// the same load's KV spec, or null for a state-only load, so the leg can check that the
+/// engine and the rank agree about where the KV leg ends (R11).
+template <class L, class R>
+concept StateLegFor =
+    Runtime<R> && requires { { L::ordering } -> std::convertible_to<StateOrdering>; } &&
+    (L::ordering == StateOrdering::none ||
+     requires(L& leg, const StateSpec& spec, const KvSpec* kv, const StateStore& store, LaneContext<R>& lane) {
+       { leg.load(spec, kv, lane) } -> std::same_as<StateVerdict>;
+       { leg.store(store, lane) } -> std::same_as<SaveVerdict>;
+     });
+
+}  // namespace kvfuse

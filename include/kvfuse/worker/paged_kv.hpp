@@ -1,0 +1,132 @@
+// kvfuse/worker/paged_kv.hpp — PagedKv<Tier>: the shipped KV leg.
+//
+// Loads fill tokens [hbm, end) of a request's paged blocks from whole tier chunks; saves
+// gather whole chunks out of blocks into the tier. The leg is ok only if every chunk in
+// [hbm, end) arrived: the chunk mask says which did.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+
+#include <kvfuse/tier/tier.hpp>
+#include <kvfuse/worker/leg.hpp>
+
+namespace kvfuse {
+
+/// Why a KV spec cannot be served on this rank, or Reason::none. Checks every index the
+/// copy loop will use, so the loop itself never goes out of bounds (R11: refuse, never clamp).
+inline Reason check_kv_spec(const KvSpec& spec, const RankGeometry& geo) noexcept {
+  const ChunkGrid chunks = geo.chunk_grid();
+  const ChunkGrid blocks = geo.block_grid();
+  if (spec.hbm >= spec.end) return Reason::invalid_spec;
+  if (!chunks.aligned(spec.end) || !blocks.aligned(spec.hbm)) return Reason::grid_mismatch;
+  const std::uint64_t chunk_count = chunks.chunk_of(spec.end) - chunks.chunk_of(spec.hbm);
+  const std::uint64_t block_count = blocks.chunk_of(spec.end) - blocks.chunk_of(spec.hbm);
+  if (spec.chunk_keys.size() != chunk_count || spec.blocks.size() != block_count) return Reason::invalid_spec;
+  if (chunk_count > geo.max_chunks_per_load) return Reason::invalid_spec;
+  for (const BlockId b : spec.blocks)
+    if (b.value >= geo.num_blocks) return Reason::invalid_spec;
+  return Reason::none;
+}
+
+/// The same checks for a save of whole chunks.
+inline Reason check_kv_save(const KvSave& save, const RankGeometry& geo) noexcept {
+  const std::size_t blocks_per_chunk = geo.chunk_tokens / geo.block_tokens;
+  if (save.chunk_keys.empty() || save.blocks.size() != save.chunk_keys.size() * blocks_per_chunk)
+    return Reason::invalid_spec;
+  for (const BlockId b : save.blocks)
+    if (b.value >= geo.num_blocks) return Reason::invalid_spec;
+  return Reason::none;
+}
+
+namespace detail {
+/// Copies `count` consecutive logical blocks between a contiguous buffer and the block pool,
+/// one copy per run of physically consecutive block ids (an allocator that hands out
+/// contiguous blocks gets one copy per chunk). `to_blocks` picks the direction.
+template <Runtime R>
+bool copy_block_runs(LaneContext<R>& lane, const BlockId* ids, std::size_t count, std::byte* buffer,
+                     bool to_blocks) noexcept {
+  const std::size_t block_bytes = lane.geometry.block_bytes();
+  std::size_t i = 0;
+  while (i < count) {
+    std::size_t run = 1;
+    while (i + run < count && ids[i + run].value == ids[i].value + run) ++run;
+    std::byte* device = lane.memory.kv_blocks + std::size_t{ids[i].value} * block_bytes;
+    std::byte* host = buffer + i * block_bytes;
+    const bool queued = to_blocks ? lane.runtime.copy_async(device, host, run * block_bytes, lane.stream)
+                                  : lane.runtime.copy_async(host, device, run * block_bytes, lane.stream);
+    if (!queued) return false;
+    i += run;
+  }
+  return true;
+}
+}  // namespace detail
+
+/// The paged KV leg over one tier. Holds a pointer to the tier, nothing else; the tier must
+/// outlive the Connector. Calls run on one lane thread at a time; the tier is thread-safe.
+template <Tier T>
+class PagedKv {
+ public:
+  using tier_type = T;
+  explicit PagedKv(T& tier) noexcept : tier_(&tier) {}
+
+  /// Fills [spec.hbm, spec.end) of the blocks. Stops at the first chunk that did not
+  /// arrive: later chunks of a prefix are useless without it. Noexcept, no allocation.
+  template <Runtime R>
+  KvVerdict load(const KvSpec& spec, LaneContext<R>& lane) const noexcept {
+    const RankGeometry& geo = lane.geometry;
+    if (const Reason refused = check_kv_spec(spec, geo); refused != Reason::none) return {false, refused};
+    const std::uint64_t first_chunk = geo.chunk_grid().chunk_of(spec.hbm);
+    const std::uint64_t first_block = geo.block_grid().chunk_of(spec.hbm);
+    const std::size_t chunk_count = spec.chunk_keys.size();
+    std::fill_n(lane.chunk_mask.begin(), chunk_count, std::uint8_t{0});
+
+    for (std::size_t i = 0; i < chunk_count; ++i) {
+      const TierView view = tier_->get(key_for(geo, spec.chunk_keys[i]), lane.staging);
+      if (view.status() == GetStatus::miss) return {false, Reason::kv_chunk_missing};
+      if (!view.hit() || view.bytes().size() != geo.chunk_bytes()) return {false, Reason::kv_transfer_failed};
+      // The part of chunk c inside [hbm, end), in whole blocks (hbm and end are block aligned).
+      const TokenCount chunk_start = (first_chunk + i) * geo.chunk_tokens;
+      const TokenCount lo = std::max(spec.hbm, chunk_start);
+      const TokenCount hi = std::min(spec.end, chunk_start + geo.chunk_tokens);
+      const std::size_t block_offset = lo / geo.block_tokens - first_block;
+      const std::size_t block_count = (hi - lo) / geo.block_tokens;
+      auto* src = const_cast<std::byte*>(view.bytes().data()) + (lo - chunk_start) * geo.kv_bytes_per_token;
+      if (!detail::copy_block_runs(lane, spec.blocks.data() + block_offset, block_count, src, true) ||
+          !lane.runtime.synchronize(lane.stream))  // the view must outlive the copy
+        return {false, Reason::kv_transfer_failed};
+      lane.chunk_mask[i] = 1;
+    }
+    return {true, Reason::none};
+  }
+
+  /// Gathers whole chunks out of the blocks through staging and puts them in the tier.
+  /// The source is released once the last gather finished, before the last put.
+  template <Runtime R>
+  SaveVerdict save(const KvSave& save, LaneContext<R>& lane) const noexcept {
+    const RankGeometry& geo = lane.geometry;
+    if (const Reason refused = check_kv_save(save, geo); refused != Reason::none) return {false, true, refused};
+    if (lane.staging.size() < geo.chunk_bytes()) return {false, true, Reason::kv_transfer_failed};
+    const std::size_t blocks_per_chunk = geo.chunk_tokens / geo.block_tokens;
+    bool stored = true;
+    for (std::size_t i = 0; i < save.chunk_keys.size(); ++i) {
+      if (!detail::copy_block_runs(lane, save.blocks.data() + i * blocks_per_chunk, blocks_per_chunk,
+                                   lane.staging.data(), false) ||
+          !lane.runtime.synchronize(lane.stream))
+        return {false, true, Reason::kv_transfer_failed};
+      stored = tier_->put(key_for(geo, save.chunk_keys[i]), lane.staging.first(geo.chunk_bytes())) && stored;
+    }
+    return {stored, true, stored ? Reason::none : Reason::kv_transfer_failed};
+  }
+
+  /// The tier this leg reads and writes.
+  [[nodiscard]] T& tier() const noexcept { return *tier_; }
+
+ private:
+  static TierKey key_for(const RankGeometry& geo, PrefixHash hash) noexcept {
+    return TierKey{geo.model, hash, geo.world_size, geo.rank, EntryKind::kv_chunk};
+  }
+  T* tier_;
+};
+
+}  // namespace kvfuse

@@ -1,0 +1,162 @@
+// kvfuse/worker/state_legs.hpp — the shipped state legs: NoState, RecurrentState (Kimi-K3),
+// SlotState (DeepSeek-V4).
+//
+// All boundary checks of R11 live in check_state_spec, shared by both stateful legs, so a
+// slot outside the pool or a grid disagreement is refused the same way whatever the model.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include <kvfuse/tier/tier.hpp>
+#include <kvfuse/worker/leg.hpp>
+
+namespace kvfuse {
+
+/// Dense models: no state leg. With NoState the Connector has no state lane, and every
+/// state branch is compiled out (`if constexpr`), so the load path is a plain KV load.
+struct NoState {
+  static constexpr StateOrdering ordering = StateOrdering::none;
+};
+
+/// Why a state spec cannot be served on this rank, or Reason::none (R11).
+///   - slot outside the pool;
+///   - the engine's grids differ from the rank's, or the boundary is off the checkpoint grid;
+///   - in a joint load, the KV leg does not end at the chunk covering the boundary.
+inline Reason check_state_spec(const StateSpec& spec, const KvSpec* kv, const RankGeometry& geo) noexcept {
+  if (spec.slot.value >= geo.num_slots) return Reason::slot_out_of_range;
+  if (spec.block_tokens != geo.block_tokens || spec.chunk_tokens != geo.chunk_tokens) return Reason::grid_mismatch;
+  if (!geo.block_grid().aligned(spec.boundary_tokens) || spec.boundary_tokens == 0) return Reason::grid_mismatch;
+  if (kv != nullptr && kv->end != geo.chunk_grid().ceil(spec.boundary_tokens)) return Reason::kv_end_mismatch;
+  return Reason::none;
+}
+
+namespace detail {
+inline TierKey state_key(const RankGeometry& geo, PrefixHash hash) noexcept {
+  return TierKey{geo.model, hash, geo.world_size, geo.rank, EntryKind::state};
+}
+
+/// Copies `bytes` into a slot and waits for the copy (the view must outlive it).
+template <Runtime R>
+bool scatter_into_slot(LaneContext<R>& lane, SlotId slot, const std::byte* src) noexcept {
+  std::byte* dst = lane.memory.slots + std::size_t{slot.value} * lane.geometry.slot_bytes;
+  return lane.runtime.copy_async(dst, src, lane.geometry.slot_bytes, lane.stream) &&
+         lane.runtime.synchronize(lane.stream);
+}
+
+/// Gathers a slot into the front of staging; the source is free once this returns true.
+template <Runtime R>
+bool gather_slot(LaneContext<R>& lane, SlotId slot, std::byte* dst) noexcept {
+  const std::byte* src = lane.memory.slots + std::size_t{slot.value} * lane.geometry.slot_bytes;
+  return lane.runtime.copy_async(dst, src, lane.geometry.slot_bytes, lane.stream) &&
+         lane.runtime.synchronize(lane.stream);
+}
+
+inline StateVerdict verdict_for(GetStatus status) noexcept {
+  return status == GetStatus::miss ? StateVerdict{StateOutcome::missed, Reason::none}
+                                   : StateVerdict{StateOutcome::failed, Reason::state_transfer_failed};
+}
+}  // namespace detail
+
+/// Kimi-K3 recurrent state: the entry is the slot's bytes, nothing more. Runs on its own
+/// lane, concurrently with the KV leg (R9). A null tier means this rank has no state tier
+/// (R14): loads fail with Reason::no_tier (never a miss), saves report stored = false,
+/// source_released = true.
+template <Tier T>
+class RecurrentState {
+ public:
+  static constexpr StateOrdering ordering = StateOrdering::concurrent;
+  using tier_type = T;
+  explicit RecurrentState(T* tier) noexcept : tier_(tier) {}
+
+  /// Restores the checkpoint into the slot. Noexcept, no allocation.
+  template <Runtime R>
+  StateVerdict load(const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) const noexcept {
+    if (const Reason refused = check_state_spec(spec, kv, lane.geometry); refused != Reason::none)
+      return {StateOutcome::refused, refused};
+    if (tier_ == nullptr) return {StateOutcome::failed, Reason::no_tier};
+    const TierView view = tier_->get(detail::state_key(lane.geometry, spec.boundary_hash), lane.staging);
+    if (!view.hit()) return detail::verdict_for(view.status());
+    if (view.bytes().size() != lane.geometry.slot_bytes) return {StateOutcome::refused, Reason::entry_size_mismatch};
+    if (!detail::scatter_into_slot(lane, spec.slot, view.bytes().data()))
+      return {StateOutcome::failed, Reason::state_transfer_failed};
+    return {StateOutcome::restored, Reason::none};
+  }
+
+  /// Gathers the source slot and puts it in the tier.
+  template <Runtime R>
+  SaveVerdict store(const StateStore& store, LaneContext<R>& lane) const noexcept {
+    if (tier_ == nullptr) return {false, true, Reason::no_tier};
+    if (store.source.value >= lane.geometry.num_slots) return {false, true, Reason::slot_out_of_range};
+    if (lane.staging.size() < lane.geometry.slot_bytes) return {false, true, Reason::state_transfer_failed};
+    if (!detail::gather_slot(lane, store.source, lane.staging.data()))
+      return {false, true, Reason::state_transfer_failed};
+    const bool stored = tier_->put(detail::state_key(lane.geometry, store.key.hash),
+                                   lane.staging.first(lane.geometry.slot_bytes));
+    return {stored, true, stored ? Reason::none : Reason::state_transfer_failed};
+  }
+
+ private:
+  T* tier_;
+};
+
+/// The sidecar a DSV4 slot entry carries in front of the slot bytes, so a load can check
+/// it restores the checkpoint the spec asked for. 24 bytes, native endianness (entries
+/// never leave the machine that wrote them in a different byte order: tier keys pin rank).
+struct SlotSidecar {
+  std::uint64_t boundary_hash = 0;
+  std::uint64_t boundary_tokens = 0;
+  std::uint64_t payload_bytes = 0;
+};
+
+/// DeepSeek-V4 slot state: runs after the KV leg on the load lane (page retrieve, sidecar
+/// validation, slot scatter, one record). A stateful DSV4 load must start from hbm = 0
+/// (the slot state is rebuilt together with the pages); a nonzero floor is refused.
+template <Tier T>
+class SlotState {
+ public:
+  static constexpr StateOrdering ordering = StateOrdering::after_kv;
+  using tier_type = T;
+  explicit SlotState(T* tier) noexcept : tier_(tier) {}
+
+  /// Validates the sidecar, then scatters the payload into the slot. Noexcept, no allocation.
+  template <Runtime R>
+  StateVerdict load(const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) const noexcept {
+    if (const Reason refused = check_state_spec(spec, kv, lane.geometry); refused != Reason::none)
+      return {StateOutcome::refused, refused};
+    if (kv != nullptr && kv->hbm != 0) return {StateOutcome::refused, Reason::nonzero_hbm_floor};
+    if (tier_ == nullptr) return {StateOutcome::failed, Reason::no_tier};
+    const TierView view = tier_->get(detail::state_key(lane.geometry, spec.boundary_hash), lane.staging);
+    if (!view.hit()) return detail::verdict_for(view.status());
+    const std::size_t expected = sizeof(SlotSidecar) + lane.geometry.slot_bytes;
+    if (view.bytes().size() != expected) return {StateOutcome::refused, Reason::entry_size_mismatch};
+    SlotSidecar sidecar;
+    std::memcpy(&sidecar, view.bytes().data(), sizeof sidecar);
+    if (sidecar.boundary_hash != spec.boundary_hash.value || sidecar.boundary_tokens != spec.boundary_tokens ||
+        sidecar.payload_bytes != lane.geometry.slot_bytes)
+      return {StateOutcome::failed, Reason::sidecar_mismatch};
+    if (!detail::scatter_into_slot(lane, spec.slot, view.bytes().data() + sizeof sidecar))
+      return {StateOutcome::failed, Reason::state_transfer_failed};
+    return {StateOutcome::restored, Reason::none};
+  }
+
+  /// Writes sidecar + slot bytes into staging and puts them in the tier.
+  template <Runtime R>
+  SaveVerdict store(const StateStore& store, LaneContext<R>& lane) const noexcept {
+    if (tier_ == nullptr) return {false, true, Reason::no_tier};
+    if (store.source.value >= lane.geometry.num_slots) return {false, true, Reason::slot_out_of_range};
+    const std::size_t total = sizeof(SlotSidecar) + lane.geometry.slot_bytes;
+    if (lane.staging.size() < total) return {false, true, Reason::state_transfer_failed};
+    const SlotSidecar sidecar{store.key.hash.value, store.boundary_tokens, lane.geometry.slot_bytes};
+    std::memcpy(lane.staging.data(), &sidecar, sizeof sidecar);
+    if (!detail::gather_slot(lane, store.source, lane.staging.data() + sizeof sidecar))
+      return {false, true, Reason::state_transfer_failed};
+    const bool stored = tier_->put(detail::state_key(lane.geometry, store.key.hash), lane.staging.first(total));
+    return {stored, true, stored ? Reason::none : Reason::state_transfer_failed};
+  }
+
+ private:
+  T* tier_;
+};
+
+}  // namespace kvfuse

@@ -1,0 +1,464 @@
+// The worker side: one rank's Connector under SingleRank, with scripted legs where a rule
+// is about structure (R9) and the shipped legs where it is about bytes (R10-R14).
+#define KVFUSE_TEST_COUNTS_ALLOCATIONS 1
+#include "connector_harness.hpp"
+
+#include <kvfuse/detail/alloc_counter.hpp>
+
+#include <functional>
+#include <set>
+#include <stdexcept>
+
+KVFUSE_DEFINE_COUNTING_OPERATOR_NEW();
+
+using namespace kvfuse;
+using namespace kvfuse::testing;
+
+namespace {
+
+/// A KV leg whose behaviour the test scripts. Models KvLegFor like any user-written leg.
+struct ScriptedKv {
+  std::function<KvVerdict()> on_load;
+  std::atomic<int>* calls = nullptr;
+  template <Runtime R>
+  KvVerdict load(const KvSpec&, LaneContext<R>&) {
+    if (calls) calls->fetch_add(1);
+    return on_load ? on_load() : KvVerdict{true, Reason::none};
+  }
+  template <Runtime R>
+  SaveVerdict save(const KvSave&, LaneContext<R>&) {
+    return {true, true, Reason::none};
+  }
+};
+
+/// A concurrent state leg whose behaviour the test scripts.
+struct ScriptedState {
+  static constexpr StateOrdering ordering = StateOrdering::concurrent;
+  std::function<StateVerdict()> on_load;
+  template <Runtime R>
+  StateVerdict load(const StateSpec&, const KvSpec*, LaneContext<R>&) {
+    return on_load ? on_load() : StateVerdict{StateOutcome::restored, Reason::none};
+  }
+  template <Runtime R>
+  SaveVerdict store(const StateStore&, LaneContext<R>&) {
+    return {true, true, Reason::none};
+  }
+};
+
+using ScriptedConnector = Connector<ScriptedKv, ScriptedState, SingleRank>;
+
+/// One rank with scripted legs.
+struct ScriptedRank {
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools{rt, small_geometry(0, 1)};
+  RecordLog log;
+  ScriptedConnector conn;
+  ScriptedRank(ScriptedKv kv, ScriptedState state)
+      : conn(pools.geo, rt, pools.memory(), std::move(kv), std::move(state), group) {}
+  bool wait_records(std::size_t n) {
+    return drain_until(group, log, [&] { return log.loads.size() >= n; });
+  }
+};
+
+LoadRequest joint_request(std::uint64_t id) {
+  const RankGeometry g = small_geometry(0, 1);
+  LoadRequest r;
+  r.key = LoadKey{RequestId{id}, Generation{id}};
+  r.kv = KvSpec{0, g.chunk_tokens, chunk_keys(id, 1), block_range(0, 4)};
+  r.state = StateSpec{48, PrefixHash{id}, SlotId{0}, g.block_tokens, g.chunk_tokens};
+  return r;
+}
+
+/// Quiet for a short while: gives a broken implementation time to emit a record it
+/// should not have. Not a timing assertion: a correct one never emits in this window.
+void settle_a_moment() { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }
+
+}  // namespace
+
+TEST_CASE("R9 in a joint load the two legs run at the same time") {
+  // Each leg waits (up to 10 s) until the other has started. Run one after the other,
+  // the first leg gives up and reports a failure.
+  Gate kv_started, state_started;
+  ScriptedRank rank(ScriptedKv{[&] {
+                      kv_started.open();
+                      return KvVerdict{state_started.wait(), Reason::kv_transfer_failed};
+                    }},
+                    ScriptedState{[&] {
+                      state_started.open();
+                      return kv_started.wait() ? StateVerdict{StateOutcome::restored, Reason::none}
+                                               : StateVerdict{StateOutcome::failed, Reason::state_transfer_failed};
+                    }});
+  rank.conn.load(joint_request(1));
+  REQUIRE(rank.wait_records(1));
+  REQUIRE(rank.log.loads.size() == 1);
+  CHECK(rank.log.loads[0].kv == KvOutcome::ok);
+  CHECK(rank.log.loads[0].state == StateOutcome::restored);
+}
+
+TEST_CASE("R9 the record is emitted only after both legs finished") {
+  Gate kv_done, release_state;
+  ScriptedRank rank(ScriptedKv{[&] {
+                      kv_done.open();
+                      return KvVerdict{true, Reason::none};
+                    }},
+                    ScriptedState{[&] {
+                      (void)release_state.wait();
+                      return StateVerdict{StateOutcome::missed, Reason::none};
+                    }});
+  rank.conn.load(joint_request(1));
+  REQUIRE(kv_done.wait());
+  settle_a_moment();
+  rank.group.drain(rank.log);
+  CHECK(rank.log.loads.empty());  // the KV leg is done, the state leg is not: no record yet
+  release_state.open();
+  REQUIRE(rank.wait_records(1));
+  CHECK(rank.log.loads[0].kv == KvOutcome::ok);
+  CHECK(rank.log.loads[0].state == StateOutcome::missed);  // the verdict rides the completion (R2)
+}
+
+TEST_CASE("R9 an exception in the KV leg still joins the state leg before reporting") {
+  Gate state_started, release_state;
+  ScriptedRank rank(ScriptedKv{[&]() -> KvVerdict {
+                      (void)state_started.wait();
+                      throw std::runtime_error("tier exploded");
+                    }},
+                    ScriptedState{[&] {
+                      state_started.open();
+                      (void)release_state.wait();
+                      return StateVerdict{StateOutcome::restored, Reason::none};
+                    }});
+  rank.conn.load(joint_request(1));
+  REQUIRE(state_started.wait());
+  settle_a_moment();
+  rank.group.drain(rank.log);
+  CHECK(rank.log.loads.empty());
+  release_state.open();
+  REQUIRE(rank.wait_records(1));
+  REQUIRE(rank.log.loads.size() == 1);
+  CHECK(rank.log.loads[0].kv == KvOutcome::failed);
+  CHECK(rank.log.loads[0].reason == Reason::exception);
+  CHECK(rank.log.loads[0].state == StateOutcome::restored);
+}
+
+TEST_CASE("R9 a state-only load completes while the load lane is busy with another request") {
+  Gate release_kv;
+  ScriptedRank rank(ScriptedKv{[&] { return KvVerdict{release_kv.wait(), Reason::kv_transfer_failed}; }},
+                    ScriptedState{});
+  LoadRequest kv_only = joint_request(1);
+  kv_only.state.reset();
+  rank.conn.load(std::move(kv_only));  // holds the load lane until release_kv opens
+  LoadRequest state_only = joint_request(2);
+  state_only.kv.reset();
+  rank.conn.load(std::move(state_only));
+  REQUIRE(rank.wait_records(1));
+  CHECK_FALSE(release_kv.is_open());
+  CHECK(rank.log.loads[0].key.request == RequestId{2});
+  CHECK(rank.log.loads[0].state == StateOutcome::restored);
+  release_kv.open();
+  REQUIRE(rank.wait_records(2));
+  CHECK(rank.log.loads[1].kv == KvOutcome::ok);
+}
+
+TEST_CASE("R1 every accepted load reports once, even when the connector is destroyed with loads queued") {
+  std::atomic<int> kv_calls{0};
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+  {
+    ScriptedConnector conn(pools.geo, rt, pools.memory(), ScriptedKv{{}, &kv_calls}, ScriptedState{}, group,
+                           ConnectorOptions{.lane_capacity = 4});
+    for (std::uint64_t i = 1; i <= 20; ++i) {
+      LoadRequest r = joint_request(i);
+      if (i % 3 == 0) r.kv.reset();
+      if (i % 4 == 0) r.state.reset();
+      conn.load(std::move(r));
+    }
+  }  // the destructor finishes every queued task
+  RecordLog log;
+  group.drain(log);
+  CHECK(log.loads.size() == 20);
+  std::set<std::uint64_t> seen;
+  for (const auto& r : log.loads) CHECK(seen.insert(r.key.request.value).second);
+}
+
+// ---- the shipped legs: bytes, refusals, staging, fences ---------------------------------
+
+namespace {
+
+using Mem = MemoryTier<>;
+using K3 = KimiK3Connector<Mem, SingleRank>;
+using Dsv4 = Dsv4Connector<Mem, SingleRank>;
+using Dense = DenseConnector<Mem, SingleRank>;
+
+/// One rank with the shipped legs over a MemoryTier.
+template <class Conn>
+struct RealRank {
+  using R = typename Conn::runtime_type;
+  R rt;
+  SingleRank group;
+  DevicePools<R> pools{rt, small_geometry(0, 1)};
+  Mem tier{std::size_t{1} << 20};
+  RecordLog log;
+  Conn conn{make()};
+  Conn make() {
+    if constexpr (Conn::has_state)
+      return Conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), typename Conn::state_leg_type(&tier), group);
+    else
+      return Conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group);
+  }
+  const CompletionRecord& load(LoadRequest r) {
+    const std::size_t before = log.loads.size();
+    conn.load(std::move(r));
+    REQUIRE(drain_until(group, log, [&] { return log.loads.size() > before; }));
+    return log.loads.back();
+  }
+  const StoreRecord& await_store() {
+    const std::size_t before = log.stores.size();
+    REQUIRE(drain_until(group, log, [&] { return log.stores.size() > before; }));
+    return log.stores.back();
+  }
+  /// Puts a state entry of `bytes` bytes for `hash` straight into the tier.
+  void put_state(PrefixHash hash, std::size_t bytes) {
+    std::vector<std::byte> entry(bytes);
+    for (std::size_t j = 0; j < bytes; ++j) entry[j] = state_byte(0, hash, j);
+    REQUIRE(tier.put(TierKey{pools.geo.model, hash, 1, 0, EntryKind::state}, entry));
+  }
+  /// Saves the prompt's first chunk from blocks 0..3 through the connector.
+  void save_chunk(PrefixHash key) {
+    pools.write_prompt(block_range(0, 4), pools.geo.chunk_tokens);
+    conn.save_kv(KvSave{StoreKey{key, Generation{99}}, 0, {key}, block_range(0, 4)});
+    REQUIRE(await_store().stored);
+  }
+};
+
+StateSpec state_spec(PrefixHash hash, SlotId slot, TokenCount boundary = 48) {
+  const RankGeometry g = small_geometry(0, 1);
+  return StateSpec{boundary, hash, slot, g.block_tokens, g.chunk_tokens};
+}
+
+}  // namespace
+
+TEST_CASE("R10 a state-only load ships no KV spec, moves no KV and marks no KV block") {
+  std::atomic<int> kv_calls{0};
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+  Connector<ScriptedKv, ScriptedState, SingleRank> conn(
+      pools.geo, rt, pools.memory(), ScriptedKv{{}, &kv_calls},
+      ScriptedState{[] { return StateVerdict{StateOutcome::missed, Reason::none}; }}, group);
+
+  std::vector<SlotId> released;
+  OffloadIndex<> index(OffloadIndexOptions{.hash_capacity = 16, .slot_count = 4},
+                       [&](SlotId s) { released.push_back(s); });
+  index.note_stored(PrefixHash{5});
+  LoadAdmission a = index.request_load(RequestId{1}, std::nullopt,
+                                       StateLeg{PrefixHash{5}, SlotId{1}, 48, 16, 64});
+  REQUIRE(a.admitted());
+  LoadRequest request = a.ticket().dispatch();
+  CHECK_FALSE(request.kv.has_value());  // no zero-length sentinel, no block table, no token ids
+  conn.load(std::move(request));
+  RecordLog log;
+  REQUIRE(drain_until(group, log, [&] { return log.loads.size() == 1; }));
+  CHECK(kv_calls.load() == 0);
+  CHECK(log.loads[0].kv == KvOutcome::none);  // a failed state-only load marks no KV block as errored
+  CHECK(log.loads[0].state == StateOutcome::missed);
+}
+
+TEST_CASE("R10 a state-only load with the shipped legs touches only its slot") {
+  RealRank<K3> rank;
+  rank.put_state(PrefixHash{5}, rank.pools.geo.slot_bytes);
+  LoadRequest r;
+  r.key = LoadKey{RequestId{1}, Generation{1}};
+  r.state = state_spec(PrefixHash{5}, SlotId{3});
+  const CompletionRecord rec = rank.load(std::move(r));
+  CHECK(rec.kv == KvOutcome::none);
+  CHECK(rec.state == StateOutcome::restored);
+  CHECK(rank.pools.holds_state(SlotId{3}, PrefixHash{5}));
+  for (std::size_t i = 0; i < rank.pools.geo.num_blocks * rank.pools.geo.block_bytes(); ++i)
+    REQUIRE(rank.pools.blocks[i] == std::byte{0});
+}
+
+TEST_CASE("R11 specs the rank disagrees with are refused with a reason, never clamped") {
+  RealRank<K3> rank;
+  const RankGeometry& g = rank.pools.geo;
+  rank.put_state(PrefixHash{5}, g.slot_bytes);
+  rank.put_state(PrefixHash{6}, g.slot_bytes + 8);  // an entry that does not fit the slot
+
+  auto state_only = [&](StateSpec spec) {
+    LoadRequest r;
+    r.key = LoadKey{RequestId{spec.slot.value + 100ull}, Generation{spec.boundary_tokens + 1}};
+    r.state = spec;
+    return rank.load(std::move(r));
+  };
+  SUBCASE("a slot outside the pool") {
+    const auto rec = state_only(state_spec(PrefixHash{5}, SlotId{g.num_slots}));
+    CHECK(rec.state == StateOutcome::refused);
+    CHECK(rec.reason == Reason::slot_out_of_range);
+  }
+  SUBCASE("a boundary off the checkpoint grid") {
+    const auto rec = state_only(state_spec(PrefixHash{5}, SlotId{1}, 50));
+    CHECK(rec.state == StateOutcome::refused);
+    CHECK(rec.reason == Reason::grid_mismatch);
+  }
+  SUBCASE("engine grids that differ from the rank's") {
+    StateSpec spec = state_spec(PrefixHash{5}, SlotId{1});
+    spec.chunk_tokens = 256;
+    const auto rec = state_only(spec);
+    CHECK(rec.state == StateOutcome::refused);
+    CHECK(rec.reason == Reason::grid_mismatch);
+  }
+  SUBCASE("a KV end that is not the chunk covering the boundary") {
+    const auto keys = chunk_keys(7, 2);
+    rank.save_chunk(keys[0]);
+    rank.save_chunk(keys[1]);
+    LoadRequest r = joint_request(7);
+    r.kv = KvSpec{0, 2 * g.chunk_tokens, keys, block_range(8, 8)};
+    r.state = state_spec(PrefixHash{5}, SlotId{1}, 48);  // covered by chunk 0, not chunk 1
+    const auto rec = rank.load(std::move(r));
+    CHECK(rec.kv == KvOutcome::ok);  // legs do not gate each other
+    CHECK(rec.state == StateOutcome::refused);
+    CHECK(rec.reason == Reason::kv_end_mismatch);
+  }
+  SUBCASE("an entry whose size does not match the slot") {
+    const auto rec = state_only(state_spec(PrefixHash{6}, SlotId{1}));
+    CHECK(rec.state == StateOutcome::refused);
+    CHECK(rec.reason == Reason::entry_size_mismatch);
+  }
+  SUBCASE("a KV spec naming a block outside the pool") {
+    rank.save_chunk(PrefixHash{77});
+    LoadRequest r;
+    r.key = LoadKey{RequestId{9}, Generation{9}};
+    r.kv = KvSpec{0, g.chunk_tokens, {PrefixHash{77}}, {BlockId{0}, BlockId{1}, BlockId{2}, BlockId{g.num_blocks}}};
+    const auto rec = rank.load(std::move(r));
+    CHECK(rec.kv == KvOutcome::failed);
+    CHECK(rec.reason == Reason::invalid_spec);
+  }
+  // Nothing was written anywhere: every slot is still zero.
+  for (std::uint32_t s = 0; s < g.num_slots; ++s) CHECK(rank.pools.slot_is_zero(SlotId{s}));
+}
+
+TEST_CASE("R11 a stateful DSV4 load with a nonzero HBM floor is refused") {
+  RealRank<Dsv4> rank;
+  const RankGeometry& g = rank.pools.geo;
+  LoadRequest r;
+  r.key = LoadKey{RequestId{1}, Generation{1}};
+  r.kv = KvSpec{g.block_tokens, g.chunk_tokens, chunk_keys(1, 1), block_range(1, 3)};
+  r.state = state_spec(PrefixHash{5}, SlotId{1});
+  const auto rec = rank.load(std::move(r));
+  CHECK(rec.state == StateOutcome::refused);
+  CHECK(rec.reason != Reason::none);
+  CHECK(rank.pools.slot_is_zero(SlotId{1}));
+}
+
+TEST_CASE("R12 standing staging bytes are lanes x buffer size, allocated at construction") {
+  SUBCASE("dense: a load lane and a store lane") {
+    RealRank<Dense> rank;
+    const ConnectorStats s = rank.conn.stats();
+    CHECK(s.lanes == 2);
+    CHECK(s.standing_staging_bytes == 2 * rank.pools.geo.chunk_bytes());
+    CHECK(rank.rt.pinned_bytes() == s.standing_staging_bytes);
+  }
+  SUBCASE("K3: plus a state lane") {
+    RealRank<K3> rank;
+    const ConnectorStats s = rank.conn.stats();
+    CHECK(s.lanes == 3);
+    CHECK(s.standing_staging_bytes == 3 * rank.pools.geo.chunk_bytes());
+    CHECK(rank.rt.pinned_bytes() == s.standing_staging_bytes);
+  }
+}
+
+TEST_CASE("R12 nothing is allocated on the load path") {
+  REQUIRE(detail::AllocationScope::hook_installed());
+  RealRank<K3> rank;
+  rank.save_chunk(PrefixHash{77});
+  rank.put_state(PrefixHash{5}, rank.pools.geo.slot_bytes);
+  rank.log.loads.reserve(16);
+  for (int round = 0; round < 3; ++round) {
+    LoadRequest joint = joint_request(10 + round);
+    joint.kv->chunk_keys = {PrefixHash{77}};
+    joint.kv->blocks = block_range(8, 4);
+    joint.state->boundary_hash = PrefixHash{5};
+    LoadRequest state_only = joint_request(20 + round);
+    state_only.kv.reset();
+    state_only.state->boundary_hash = PrefixHash{5};
+    detail::AllocationScope scope;
+    rank.conn.load(std::move(joint));
+    rank.conn.load(std::move(state_only));
+    rank.conn.drain();
+    CHECK(scope.all_threads() == 0);
+  }
+  rank.group.drain(rank.log);
+  REQUIRE(rank.log.loads.size() == 6);
+  for (const auto& rec : rank.log.loads) CHECK(rec.state == StateOutcome::restored);
+  CHECK(rank.pools.holds_prompt(block_range(8, 4), 0, rank.pools.geo.chunk_tokens));
+}
+
+TEST_CASE("R13 a step whose event cannot be created still saves, through a device synchronize") {
+  RealRank<KimiK3Connector<Mem, SingleRank, FaultyRuntime<HostRuntime>>> rank;
+  rank.rt.fail(RuntimeCall::create_event);
+  auto compute = rank.rt.make_stream();
+  rank.conn.begin_step(compute);
+  rank.pools.write_state(SlotId{1}, PrefixHash{9});
+  rank.conn.store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
+  const StoreRecord rec = rank.await_store();
+  CHECK(rec.stored);
+  CHECK(rec.source_released);
+  CHECK(rank.conn.stats().fence_fallbacks == 1);
+  CHECK(rank.rt.calls(RuntimeCall::device_synchronize) >= 1);
+  // The bytes in the tier are the slot's.
+  std::vector<std::byte> staging(rank.pools.geo.slot_bytes);
+  const TierView v = rank.tier.get(TierKey{rank.pools.geo.model, PrefixHash{9}, 1, 0, EntryKind::state}, staging);
+  REQUIRE(v.hit());
+  for (std::size_t j = 0; j < v.bytes().size(); ++j) REQUIRE(v.bytes()[j] == state_byte(0, PrefixHash{9}, j));
+}
+
+TEST_CASE("R13 when nothing can order the gather the save fails and never reads the source") {
+  RealRank<KimiK3Connector<Mem, SingleRank, FaultyRuntime<HostRuntime>>> rank;
+  rank.rt.fail(RuntimeCall::create_event);
+  rank.rt.fail(RuntimeCall::device_synchronize);
+  auto compute = rank.rt.make_stream();
+  rank.conn.begin_step(compute);
+  const auto copies_before = rank.rt.calls(RuntimeCall::copy_async);
+  rank.conn.store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
+  const StoreRecord rec = rank.await_store();
+  CHECK_FALSE(rec.stored);
+  CHECK(rec.source_released);
+  CHECK(rank.rt.calls(RuntimeCall::copy_async) == copies_before);
+}
+
+TEST_CASE("R14 a rank without a state tier reports stored false, source released, and never a miss") {
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+  Mem kv_tier(1 << 20);
+  K3 conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(kv_tier), RecurrentState<Mem>(nullptr), group);
+  conn.store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
+  LoadRequest r;
+  r.key = LoadKey{RequestId{1}, Generation{2}};
+  r.state = state_spec(PrefixHash{9}, SlotId{1});
+  conn.load(std::move(r));
+  RecordLog log;
+  REQUIRE(drain_until(group, log, [&] { return log.loads.size() == 1 && log.stores.size() == 1; }));
+  CHECK_FALSE(log.stores[0].stored);
+  CHECK(log.stores[0].source_released);
+  CHECK(log.stores[0].reason == Reason::no_tier);
+  CHECK(log.loads[0].state == StateOutcome::failed);  // failed never retracts; missed would
+  CHECK(log.loads[0].reason == Reason::no_tier);
+}
+
+TEST_CASE("R19 a bad geometry is a typed error naming the value") {
+  HostRuntime rt;
+  SingleRank group;
+  RankGeometry g = small_geometry(0, 1);
+  DevicePools<HostRuntime> pools(rt, g);
+  Mem tier(1 << 20);
+  g.chunk_tokens = 40;  // not a multiple of block_tokens
+  try {
+    Dense conn(g, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group);
+    FAIL("a chunk size off the block grid must be refused");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("40") != std::string::npos);
+  }
+}

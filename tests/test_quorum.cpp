@@ -1,0 +1,607 @@
+// The merge: TpQuorum, SingleRank and the SettlementPump that feeds an index (R2, R3, R4).
+#include <doctest/doctest.h>
+
+#include <kvfuse/completion/completion_guard.hpp>
+#include <kvfuse/completion/settlement_pump.hpp>
+#include <kvfuse/completion/single_rank.hpp>
+#include <kvfuse/completion/tp_quorum.hpp>
+#include <kvfuse/engine/offload_index.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <unordered_map>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+using namespace kvfuse;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Time = std::chrono::steady_clock::time_point;
+
+LoadKey lk(std::uint64_t request, std::uint64_t generation) { return LoadKey{RequestId{request}, Generation{generation}}; }
+StoreKey sk(std::uint64_t hash, std::uint64_t generation) { return StoreKey{PrefixHash{hash}, Generation{generation}}; }
+
+CompletionRecord rec(LoadKey key, std::uint32_t rank, KvOutcome kv = KvOutcome::ok,
+                     StateOutcome state = StateOutcome::none) {
+  return CompletionRecord{key, rank, kv, state, Reason::none};
+}
+StoreRecord srec(StoreKey key, std::uint32_t rank, bool stored = true, bool released = true) {
+  return StoreRecord{key, rank, stored, released, Reason::none};
+}
+
+/// Collects settlements in order.
+struct Collect {
+  std::vector<Settlement> loads;
+  std::vector<StoreSettlement> stores;
+  void operator()(const Settlement& s) noexcept { loads.push_back(s); }
+  void operator()(const StoreSettlement& s) noexcept { stores.push_back(s); }
+};
+
+/// A stand-in for OffloadIndex: the outstanding set is the truth (R3).
+struct FakeIndex {
+  std::unordered_set<LoadKey> outstanding;
+  std::vector<Settlement> settled;
+  std::vector<StoreSettlement> stores;
+  std::unordered_set<PrefixHash> indexed;
+  mutable int outstanding_queries = 0;
+  bool is_outstanding(LoadKey key) const noexcept {
+    ++outstanding_queries;
+    return outstanding.contains(key);
+  }
+  bool settle(const Settlement& s) {
+    if (outstanding.erase(s.key) == 0) return false;
+    settled.push_back(s);
+    return true;
+  }
+  void settle_store(const StoreSettlement& s) {
+    stores.push_back(s);
+    if (s.stored) indexed.insert(s.key.hash);
+  }
+};
+
+static_assert(SettlementIndex<FakeIndex>);
+struct NotAnIndex {
+  bool settle(const Settlement&) { return true; }
+};
+static_assert(!SettlementIndex<NotAnIndex>);
+static_assert(!CompletionGroup<FakeIndex>);
+
+TpQuorumConfig config(std::uint32_t world, std::size_t tombstones = 4096, std::size_t lanes = 0) {
+  TpQuorumConfig c;
+  c.world_size = world;
+  c.lanes_per_rank = lanes;
+  c.tombstones = tombstones;
+  c.lane_capacity = 64;
+  return c;
+}
+
+/// Feeds one record to a quorum with no index in front (AdmitAll).
+template <class Record>
+MergeResult feed(TpQuorum& q, const Record& r, Collect& out) {
+  AdmitAll all;
+  return q.merge(r.rank, r, all, out);
+}
+
+std::string error_of(auto&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+// ---- R4: quorum and failure-dominant merge ------------------------------------------------
+
+TEST_CASE("R4 a key settles only when every rank reported once") {
+  TpQuorum q(config(4));
+  Collect out;
+  const LoadKey k = lk(1, 1);
+  for (std::uint32_t r = 0; r < 3; ++r) CHECK(feed(q, rec(k, r), out) == MergeResult::counted);
+  CHECK(out.loads.empty());
+  CHECK(q.stats().pending == 1);
+  CHECK(feed(q, rec(k, 3), out) == MergeResult::settled);
+  REQUIRE(out.loads.size() == 1);
+  CHECK(out.loads[0] == Settlement{k, true, false});
+  CHECK(q.stats().pending == 0);
+  CHECK(q.stats().settled == 1);
+}
+
+TEST_CASE("R4 the load is ok only if every rank's record is ok") {
+  TpQuorum q(config(3));
+  Collect out;
+  feed(q, rec(lk(1, 1), 0), out);
+  feed(q, rec(lk(1, 1), 1, KvOutcome::failed), out);
+  feed(q, rec(lk(1, 1), 2), out);
+  feed(q, rec(lk(2, 2), 0, KvOutcome::none, StateOutcome::restored), out);
+  feed(q, rec(lk(2, 2), 1, KvOutcome::none, StateOutcome::restored), out);
+  feed(q, rec(lk(2, 2), 2, KvOutcome::none, StateOutcome::refused), out);
+  REQUIRE(out.loads.size() == 2);
+  CHECK(out.loads[0] == Settlement{lk(1, 1), false, false});
+  CHECK(out.loads[1] == Settlement{lk(2, 2), false, false});
+}
+
+TEST_CASE("R2 a miss on one rank and a KV failure on another settle together and the miss retracts") {
+  TpQuorum q(config(2));
+  Collect out;
+  feed(q, rec(lk(1, 1), 0, KvOutcome::ok, StateOutcome::missed), out);
+  feed(q, rec(lk(1, 1), 1, KvOutcome::failed, StateOutcome::restored), out);
+  REQUIRE(out.loads.size() == 1);
+  CHECK(out.loads[0] == Settlement{lk(1, 1), false, true});
+}
+
+TEST_CASE("R2 a KV-only failure, a transfer failure, a refusal or `none` never retract") {
+  for (StateOutcome other : {StateOutcome::restored, StateOutcome::failed, StateOutcome::refused, StateOutcome::none}) {
+    TpQuorum q(config(2));
+    Collect out;
+    feed(q, rec(lk(1, 1), 0, KvOutcome::failed, StateOutcome::restored), out);
+    feed(q, rec(lk(1, 1), 1, KvOutcome::ok, other), out);
+    REQUIRE(out.loads.size() == 1);
+    CHECK_FALSE(out.loads[0].ok);
+    CHECK_FALSE(out.loads[0].state_missed);
+  }
+}
+
+TEST_CASE("R4 a duplicate from a rank never counts twice") {
+  TpQuorum q(config(2));
+  Collect out;
+  CHECK(feed(q, rec(lk(1, 1), 0), out) == MergeResult::counted);
+  CHECK(feed(q, rec(lk(1, 1), 0), out) == MergeResult::duplicate);
+  CHECK(feed(q, rec(lk(1, 1), 0), out) == MergeResult::duplicate);
+  CHECK(out.loads.empty());
+  CHECK(q.stats().duplicate_reports == 2);
+  CHECK(feed(q, rec(lk(1, 1), 1), out) == MergeResult::settled);
+  CHECK(out.loads.size() == 1);
+}
+
+TEST_CASE("R4 contradictory reports from one rank: a failure is never overwritten by its later success") {
+  TpQuorum q(config(2));
+  Collect out;
+  feed(q, rec(lk(1, 1), 0, KvOutcome::ok, StateOutcome::missed), out);
+  feed(q, rec(lk(1, 1), 0, KvOutcome::ok, StateOutcome::restored), out);  // the same rank, now "fine"
+  feed(q, rec(lk(1, 1), 1, KvOutcome::ok, StateOutcome::restored), out);
+  REQUIRE(out.loads.size() == 1);
+  CHECK(out.loads[0] == Settlement{lk(1, 1), false, true});
+}
+
+TEST_CASE("R4 a partial quorum waits: no expiry, visible in stats with its age") {
+  TpQuorum q(config(8));
+  Collect out;
+  const Time t0 = Time{} + 1000s;
+  q.set_time(t0);
+  for (std::uint32_t r = 0; r < 7; ++r) feed(q, rec(lk(1, 1), r), out);
+  q.set_time(t0 + 3600s);
+  for (int i = 0; i < 1000; ++i) feed(q, rec(lk(100 + i, 1), 0), out);  // lots of later traffic
+  GroupStats s = q.stats();
+  CHECK(out.loads.empty());
+  CHECK(s.pending == 1001);
+  REQUIRE(s.oldest_pending_since.has_value());
+  CHECK(*s.oldest_pending_since == t0);
+  CHECK(s.oldest_pending_age(t0 + 7200s) == 7200s);
+  feed(q, rec(lk(1, 1), 7), out);
+  CHECK(out.loads.size() == 1);
+  s = q.stats();
+  REQUIRE(s.oldest_pending_since.has_value());
+  CHECK(*s.oldest_pending_since == t0 + 3600s);
+}
+
+TEST_CASE("R4 the oldest-pending gauge follows settlements out of order") {
+  TpQuorum q(config(2));
+  Collect out;
+  const Time t0 = Time{} + 10s;
+  for (int i = 0; i < 3; ++i) {
+    q.set_time(t0 + std::chrono::seconds(i));
+    feed(q, rec(lk(i, 1), 0), out);
+  }
+  feed(q, rec(lk(1, 1), 1), out);  // the middle key settles first
+  CHECK(*q.stats().oldest_pending_since == t0);
+  feed(q, rec(lk(0, 1), 1), out);  // the oldest settles: the gauge skips the settled middle key
+  CHECK(*q.stats().oldest_pending_since == t0 + 2s);
+  feed(q, rec(lk(2, 1), 1), out);
+  CHECK_FALSE(q.stats().oldest_pending_since.has_value());
+  CHECK(q.stats().oldest_pending_age(t0 + 100s) == std::chrono::steady_clock::duration::zero());
+}
+
+TEST_CASE("R4 a dead rank unblocks every key waiting on it, as failed, and never retracts for it") {
+  TpQuorum q(config(3));
+  Collect out;
+  feed(q, rec(lk(1, 1), 0), out);  // A: waits only on rank 2
+  feed(q, rec(lk(1, 1), 1), out);
+  feed(q, rec(lk(2, 1), 0, KvOutcome::ok, StateOutcome::missed), out);  // B: waits on ranks 1 and 2
+  feed(q, rec(lk(3, 1), 2), out);  // C: rank 2 already reported, waits on 0 and 1
+  q.mark_rank_dead(2, out);
+  REQUIRE(out.loads.size() == 1);
+  CHECK(out.loads[0] == Settlement{lk(1, 1), false, false});
+  CHECK(q.stats().live_ranks == 2);
+  // B still waits on live rank 1 (which may still be writing the destination), then fails.
+  CHECK(feed(q, rec(lk(2, 1), 1), out) == MergeResult::settled);
+  CHECK(out.loads[1] == Settlement{lk(2, 1), false, true});  // rank 0's genuine miss still retracts
+  // C keeps rank 2's real report and settles on the live ranks' reports.
+  feed(q, rec(lk(3, 1), 0), out);
+  CHECK(feed(q, rec(lk(3, 1), 1), out) == MergeResult::settled);
+  CHECK(out.loads[2] == Settlement{lk(3, 1), true, false});
+  // A key first seen after the death waits only on the live ranks and is failed.
+  feed(q, rec(lk(4, 1), 0), out);
+  CHECK(feed(q, rec(lk(4, 1), 1), out) == MergeResult::settled);
+  CHECK(out.loads[3] == Settlement{lk(4, 1), false, false});
+  // The dead rank's stragglers are dropped and counted.
+  CHECK(feed(q, rec(lk(5, 1), 2), out) == MergeResult::dead_rank);
+  CHECK(q.stats().dead_rank_reports == 1);
+  CHECK(q.stats().pending == 0);
+  // Idempotent.
+  q.mark_rank_dead(2, out);
+  CHECK(out.loads.size() == 4);
+}
+
+TEST_CASE("R19 bad quorum configuration is a kvfuse::Error naming the value") {
+  CHECK(error_of([] { TpQuorum q(config(0)); }).find("world_size") != std::string::npos);
+  CHECK(error_of([] { TpQuorum q(config(65)); }).find("65") != std::string::npos);
+  CHECK(error_of([] { TpQuorum q(config(2, 0)); }).find("tombstones") != std::string::npos);
+  CHECK(error_of([] {
+          TpQuorumConfig c = config(2, 16, 2);
+          c.lane_capacity = 0;
+          TpQuorum q(c);
+        }).find("lane_capacity") != std::string::npos);
+  TpQuorum q(config(2));
+  Collect out;
+  CHECK(error_of([&] { q.mark_rank_dead(7, out); }).find("7") != std::string::npos);
+  CHECK(error_of([&] { (void)q.emitter(0, 0); }).find("lanes_per_rank") != std::string::npos);
+  TpQuorum with_lanes(config(2, 16, 1));
+  CHECK(error_of([&] { (void)with_lanes.emitter(2, 0); }).find("rank 2") != std::string::npos);
+  CHECK(error_of([&] { (void)with_lanes.emitter(0, 1); }).find("lane 1") != std::string::npos);
+  LaneEmitter held = with_lanes.emitter(0, 0);
+  CHECK(error_of([&] { (void)with_lanes.emitter(0, 0); }).find("already has a producer") != std::string::npos);
+}
+
+TEST_CASE("R3 records naming a rank out of range or not their source are invalid and dropped") {
+  TpQuorum q(config(2));
+  Collect out;
+  AdmitAll all;
+  CHECK(q.merge(0, rec(lk(1, 1), 5), all, out) == MergeResult::invalid);
+  CHECK(q.merge(1, rec(lk(1, 1), 0), all, out) == MergeResult::invalid);
+  CHECK(q.stats().invalid_reports == 2);
+  CHECK(q.stats().pending == 0);
+}
+
+// ---- R3: late reports, generations and tombstones -----------------------------------------
+
+TEST_CASE("R3 late duplicates after settlement are dropped and counted") {
+  TpQuorum q(config(2));
+  Collect out;
+  feed(q, rec(lk(1, 1), 0), out);
+  feed(q, rec(lk(1, 1), 1), out);
+  CHECK(feed(q, rec(lk(1, 1), 0, KvOutcome::failed), out) == MergeResult::late);
+  CHECK(feed(q, rec(lk(1, 1), 1), out) == MergeResult::late);
+  CHECK(out.loads.size() == 1);
+  CHECK(q.stats().late_reports == 2);
+  CHECK(q.stats().pending == 0);
+}
+
+TEST_CASE("R3 the tombstone FIFO is bounded") {
+  TpQuorum q(config(1, 8));
+  Collect out;
+  for (int i = 0; i < 100; ++i) feed(q, rec(lk(i, 1), 0), out);
+  CHECK(out.loads.size() == 100);
+  CHECK(q.stats().tombstones == 8);
+  CHECK(feed(q, rec(lk(99, 1), 0), out) == MergeResult::late);  // recent: still tombstoned
+}
+
+namespace {
+struct PumpFixture {
+  TpQuorum group;
+  FakeIndex index;
+  SettlementPump<TpQuorum, FakeIndex> pump{group, index};
+  explicit PumpFixture(TpQuorumConfig c) : group(c) {}
+  void send(const CompletionRecord& r) { pump.ingest(r.rank, std::span<const CompletionRecord>(&r, 1)); }
+  void send(const StoreRecord& r) { pump.ingest(r.rank, std::span<const StoreRecord>(&r, 1)); }
+};
+}  // namespace
+
+TEST_CASE("R3 a tombstone that aged out cannot turn a late report into a partial key") {
+  PumpFixture f(config(2, 2));
+  for (int i = 1; i <= 3; ++i) {
+    f.index.outstanding.insert(lk(i, 1));
+    f.send(rec(lk(i, 1), 0));
+    f.send(rec(lk(i, 1), 1));
+  }
+  CHECK(f.pump.step().loads.size() == 3);
+  CHECK(f.group.stats().tombstones == 2);  // key 1's tombstone aged out
+  f.send(rec(lk(1, 1), 0));                // a late report for it
+  const PumpStats s = f.pump.stats();
+  CHECK(s.group.pending == 0);  // the index said "not outstanding": no partial entry
+  CHECK(s.late_reports() == 1);
+  CHECK(f.pump.step().loads.empty());
+}
+
+TEST_CASE("R3 records for a key the index does not hold are late before they reach the quorum") {
+  PumpFixture f(config(2));
+  f.send(rec(lk(9, 9), 0));  // never dispatched
+  CHECK(f.pump.stats().group.pending == 0);
+  CHECK(f.pump.stats().late_reports() == 1);
+  // The index is asked only for a key's first record; later ones join the entry.
+  f.index.outstanding.insert(lk(1, 1));
+  f.index.outstanding_queries = 0;
+  f.send(rec(lk(1, 1), 0));
+  f.send(rec(lk(1, 1), 1));
+  CHECK(f.index.outstanding_queries == 1);
+  CHECK(f.pump.step().loads.size() == 1);
+}
+
+TEST_CASE("R3 cross-generation reports never settle another generation") {
+  PumpFixture f(config(2));
+  f.index.outstanding.insert(lk(1, 2));  // generation 2 is in flight, generation 1 is not
+  f.send(rec(lk(1, 1), 0));
+  f.send(rec(lk(1, 1), 1));
+  CHECK(f.pump.step().loads.empty());
+  CHECK(f.index.outstanding.contains(lk(1, 2)));
+  f.send(rec(lk(1, 2), 0, KvOutcome::failed));
+  f.send(rec(lk(1, 2), 1));
+  const auto step = f.pump.step();
+  REQUIRE(step.loads.size() == 1);
+  CHECK(step.loads[0] == Settlement{lk(1, 2), false, false});
+  CHECK(f.pump.stats().late_reports() == 2);
+}
+
+TEST_CASE("R3 a re-admitted request's reports settle only its own load and the old orphan's are late") {
+  PumpFixture f(config(2));
+  f.index.outstanding.insert(lk(7, 1));
+  f.send(rec(lk(7, 1), 0, KvOutcome::ok, StateOutcome::restored));  // rank 0 of generation 1 reports
+  f.index.outstanding.erase(lk(7, 1));                              // orphaned, then reclaimed
+  f.index.outstanding.insert(lk(7, 2));                             // re-admitted: a new generation
+  f.send(rec(lk(7, 2), 0, KvOutcome::ok, StateOutcome::restored));
+  f.send(rec(lk(7, 1), 1, KvOutcome::ok, StateOutcome::missed));    // the old load's last report
+  f.send(rec(lk(7, 2), 1, KvOutcome::ok, StateOutcome::restored));
+  const auto step = f.pump.step();
+  REQUIRE(step.loads.size() == 1);
+  CHECK(step.loads[0] == Settlement{lk(7, 2), true, false});
+  REQUIRE(f.index.settled.size() == 1);  // the old generation's quorum never touched the index's new load
+  CHECK(f.pump.stats().late_settlements == 1);
+  CHECK(f.pump.stats().group.pending == 0);
+}
+
+TEST_CASE("R4 a dead rank settles through the pump into the index") {
+  PumpFixture f(config(2));
+  f.index.outstanding.insert(lk(1, 1));
+  f.send(rec(lk(1, 1), 0));
+  f.pump.mark_rank_dead(1);
+  const auto step = f.pump.step();
+  REQUIRE(step.loads.size() == 1);
+  CHECK(step.loads[0] == Settlement{lk(1, 1), false, false});
+  CHECK(f.index.outstanding.empty());
+}
+
+TEST_CASE("R4 pump results survive until the next step and ingest results ride the step") {
+  PumpFixture f(config(1));
+  f.index.outstanding.insert(lk(1, 1));
+  f.index.outstanding.insert(lk(2, 1));
+  f.send(rec(lk(1, 1), 0));
+  auto step = f.pump.step();
+  REQUIRE(step.loads.size() == 1);
+  f.send(rec(lk(2, 1), 0));
+  step = f.pump.step();
+  REQUIRE(step.loads.size() == 1);
+  CHECK(step.loads[0].key == lk(2, 1));
+  CHECK(f.pump.step().loads.empty());
+}
+
+// ---- stores --------------------------------------------------------------------------------
+
+TEST_CASE("R4 a save is stored only if every rank stored and its source released only if every rank released") {
+  TpQuorum q(config(3));
+  Collect out;
+  for (std::uint32_t r = 0; r < 3; ++r) feed(q, srec(sk(1, 1), r), out);
+  for (std::uint32_t r = 0; r < 3; ++r) feed(q, srec(sk(2, 1), r, r != 1, true), out);
+  for (std::uint32_t r = 0; r < 3; ++r) feed(q, srec(sk(3, 1), r, true, r != 2), out);
+  REQUIRE(out.stores.size() == 3);
+  CHECK(out.stores[0] == StoreSettlement{sk(1, 1), true, true});
+  CHECK(out.stores[1] == StoreSettlement{sk(2, 1), false, true});
+  CHECK(out.stores[2] == StoreSettlement{sk(3, 1), true, false});
+  CHECK(q.stats().store_settled == 3);
+}
+
+TEST_CASE("R4 a store duplicate never counts twice and a failed store is never overwritten") {
+  TpQuorum q(config(2));
+  Collect out;
+  feed(q, srec(sk(1, 1), 0, false, false), out);
+  CHECK(feed(q, srec(sk(1, 1), 0, true, true), out) == MergeResult::duplicate);
+  CHECK(out.stores.empty());
+  CHECK(q.stats().pending_stores == 1);
+  feed(q, srec(sk(1, 1), 1), out);
+  REQUIRE(out.stores.size() == 1);
+  CHECK(out.stores[0] == StoreSettlement{sk(1, 1), false, false});
+  CHECK(feed(q, srec(sk(1, 1), 1), out) == MergeResult::late);
+}
+
+TEST_CASE("R4 a dead rank never counts as stored but releases its source") {
+  TpQuorum q(config(2));
+  Collect out;
+  feed(q, srec(sk(1, 1), 0), out);
+  q.mark_rank_dead(1, out);
+  REQUIRE(out.stores.size() == 1);
+  CHECK(out.stores[0] == StoreSettlement{sk(1, 1), false, true});
+}
+
+TEST_CASE("R3 store records settle only for saves the pump was told about, once") {
+  PumpFixture f(config(2));
+  f.send(srec(sk(5, 1), 0));  // never announced
+  f.send(srec(sk(5, 1), 1));
+  CHECK(f.pump.step().stores.empty());
+  CHECK(f.pump.stats().late_reports() == 2);
+  f.pump.expect_store(sk(5, 2));
+  CHECK(f.pump.stats().expected_stores == 1);
+  f.send(srec(sk(5, 2), 0));
+  f.send(srec(sk(5, 2), 1, true, true));
+  const auto step = f.pump.step();
+  REQUIRE(step.stores.size() == 1);
+  CHECK(step.stores[0] == StoreSettlement{sk(5, 2), true, true});
+  CHECK(f.index.indexed.contains(PrefixHash{5}));
+  CHECK(f.pump.stats().expected_stores == 0);
+  f.send(srec(sk(5, 2), 0));  // late duplicate
+  CHECK(f.pump.step().stores.empty());
+  CHECK(f.pump.stats().group.pending_stores == 0);
+}
+
+// ---- SingleRank -----------------------------------------------------------------------------
+
+TEST_CASE("R3 SingleRank settles each admitted record at once and drops the rest as late") {
+  SingleRank group(SingleRankConfig{2, 16, {}});
+  FakeIndex index;
+  SettlementPump<SingleRank, FakeIndex> pump(group, index);
+  index.outstanding.insert(lk(1, 1));
+  index.outstanding.insert(lk(2, 1));
+  pump.expect_store(sk(3, 1));
+  LaneEmitter load_lane = group.emitter(0, 0);
+  LaneEmitter store_lane = group.emitter(0, 1);
+  load_lane.emit(rec(lk(1, 1), 0, KvOutcome::ok, StateOutcome::missed));
+  load_lane.emit(rec(lk(1, 1), 0));  // a duplicate: late, the index already settled the key
+  load_lane.emit(rec(lk(2, 1), 0));
+  load_lane.emit(rec(lk(4, 1), 0));  // never dispatched
+  store_lane.emit(srec(sk(3, 1), 0, true, true));
+  const auto step = pump.step();
+  CHECK(step.records == 5);
+  REQUIRE(step.loads.size() == 2);
+  CHECK(step.loads[0] == Settlement{lk(1, 1), false, true});
+  CHECK(step.loads[1] == Settlement{lk(2, 1), true, false});
+  REQUIRE(step.stores.size() == 1);
+  CHECK(step.stores[0] == StoreSettlement{sk(3, 1), true, true});
+  const PumpStats s = pump.stats();
+  CHECK(s.group.late_reports == 2);
+  CHECK(s.group.pending == 0);
+  CHECK(s.group.queues.drained == 5);
+  CHECK(error_of([&] { (void)group.emitter(1, 0); }).find("rank 1") != std::string::npos);
+}
+
+TEST_CASE("R3 TpQuorum lane queues feed the pump in one step") {
+  TpQuorum group(config(2, 64, 2));
+  FakeIndex index;
+  SettlementPump<TpQuorum, FakeIndex> pump(group, index);
+  LaneEmitter r0 = group.emitter(0, 0);
+  LaneEmitter r1 = group.emitter(1, 1);
+  for (int i = 1; i <= 10; ++i) index.outstanding.insert(lk(i, 1));
+  for (int i = 1; i <= 10; ++i) {
+    r0.emit(rec(lk(i, 1), 0));
+    r1.emit(rec(lk(i, 1), 1, i % 2 == 0 ? KvOutcome::ok : KvOutcome::failed));
+  }
+  r1.emit(rec(lk(1, 1), 0));  // rank 0's record in rank 1's queue: invalid
+  const auto step = pump.step();
+  CHECK(step.records == 21);
+  CHECK(step.loads.size() == 10);
+  for (const Settlement& s : step.loads) CHECK(s.ok == (s.key.request.value % 2 == 0));
+  CHECK(pump.stats().group.invalid_reports == 1);
+  CHECK(index.outstanding.empty());
+}
+
+// ---- against the real OffloadIndex -------------------------------------------------------
+
+static_assert(SettlementIndex<OffloadIndex<>>);
+static_assert(StoreNotingIndex<OffloadIndex<>>);
+
+TEST_CASE("R2 guards on two ranks, the quorum and the pump settle a joint load into OffloadIndex") {
+  std::vector<SlotId> released;
+  OffloadIndexOptions options;
+  options.hash_capacity = 64;
+  options.slot_count = 8;
+  OffloadIndex<> index(options, [&](SlotId s) { released.push_back(s); });
+  TpQuorum group(config(2, 64, 2));
+  SettlementPump<TpQuorum, OffloadIndex<>> pump(group, index);
+  LaneEmitter load0 = group.emitter(0, 0);
+  LaneEmitter load1 = group.emitter(1, 0);
+  LaneEmitter store0 = group.emitter(0, 1);
+  LaneEmitter store1 = group.emitter(1, 1);
+
+  // A save of hash 42 lands on both ranks: only then is it indexed.
+  const StoreKey save{PrefixHash{42}, Generation{1000}};
+  pump.expect_store(save);
+  { StoreGuard g(save, 0, store0); g.release_source(); g.stored_ok(); }
+  CHECK(pump.step().stores.empty());  // rank 0 alone settles nothing
+  CHECK_FALSE(index.could_serve(PrefixHash{42}));
+  {
+    StoreGuard g(save, 1, store1);
+    g.release_source();
+    g.stored_ok();
+  }
+  auto step = pump.step();
+  REQUIRE(step.stores.size() == 1);
+  CHECK(step.stores[0] == StoreSettlement{save, true, true});
+  CHECK(index.could_serve(PrefixHash{42}));
+
+  // A joint load of it: rank 0 restores, rank 1's tier genuinely misses.
+  KvSpec kv{0, 256, {PrefixHash{1}}, {BlockId{0}}};
+  LoadAdmission admission = index.request_load(RequestId{5}, kv, StateLeg{PrefixHash{42}, SlotId{1}, 256, 16, 256});
+  REQUIRE(admission.admitted());
+  const LoadRequest req = admission.ticket().dispatch();
+  CHECK(index.is_outstanding(req.key));
+  {
+    CompletionGuard g(req, 0, load0);
+    g.kv_ok();
+    g.state(StateOutcome::restored);
+  }
+  {
+    CompletionGuard g(req, 1, load1);
+    g.kv_ok();
+    g.state(StateOutcome::missed);
+  }
+  step = pump.step();
+  REQUIRE(step.loads.size() == 1);
+  CHECK(step.loads[0] == Settlement{req.key, false, true});
+  CHECK_FALSE(index.is_outstanding(req.key));
+  CHECK_FALSE(index.could_serve(PrefixHash{42}));  // the miss retracted the hash
+  std::vector<LoadResolution> resolutions;
+  index.drain_resolutions(resolutions);
+  REQUIRE(resolutions.size() == 1);
+  CHECK(resolutions[0].kind == Resolution::failed);
+  CHECK(resolutions[0].state_missed);
+
+  // A straggler for the settled key is late everywhere.
+  { CompletionGuard g(req, 0, load0); }
+  CHECK(pump.step().loads.empty());
+  CHECK(pump.stats().late_reports() == 1);
+  const IndexStats s = index.stats();
+  CHECK(s.dispatched == s.completed + s.failed + s.abandoned + s.outstanding);
+  CHECK(s.invariant_violations == 0);
+}
+
+// ---- the container under the quorum ---------------------------------------------------------
+
+TEST_CASE("quorum internals: the flat map agrees with std::unordered_map under random churn") {
+  detail::FlatMap<LoadKey, std::uint64_t> flat(4);
+  std::unordered_map<LoadKey, std::uint64_t> model;
+  std::mt19937_64 rng(7);
+  std::uint64_t mismatches = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const LoadKey k = lk(rng() % 512, rng() % 4);  // few distinct keys: long probe chains, many erases
+    switch (rng() % 3) {
+      case 0: {
+        auto [v, inserted] = flat.try_emplace(k);
+        const bool model_inserted = model.emplace(k, 0).second;
+        if (inserted != model_inserted) ++mismatches;
+        *v += 1;
+        model[k] += 1;
+        break;
+      }
+      case 1:
+        if (flat.erase(k) != (model.erase(k) == 1)) ++mismatches;
+        break;
+      default: {
+        const std::uint64_t* v = flat.find(k);
+        const auto it = model.find(k);
+        if ((v == nullptr) != (it == model.end()) || (v != nullptr && *v != it->second)) ++mismatches;
+      }
+    }
+    if (flat.size() != model.size()) ++mismatches;
+  }
+  CHECK(mismatches == 0);
+  std::size_t visited = 0;
+  flat.for_each([&](const LoadKey& k, std::uint64_t v) {
+    ++visited;
+    CHECK(model.at(k) == v);
+  });
+  CHECK(visited == model.size());
+}
