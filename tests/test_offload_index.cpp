@@ -209,6 +209,22 @@ TEST_CASE("R5 a hash is indexed only when a store settles stored, and a store se
   check_identity(h.index);
 }
 
+TEST_CASE("R5 a KV save settles and is counted but never enters the state-hash set") {
+  Harness h;
+  const StoreKey kv{PrefixHash{21}, Generation{1}};
+  const StoreKey state{PrefixHash{22}, Generation{2}};
+  CHECK(h.index.note_store_attempted(kv, SaveKind::kv));
+  CHECK(h.index.note_store_attempted(state, SaveKind::state));
+  CHECK(h.index.settle_store(StoreSettlement{kv, true, true}));
+  CHECK(h.index.settle_store(StoreSettlement{state, true, true}));
+  CHECK_FALSE(h.index.could_serve(PrefixHash{21}));
+  CHECK(h.index.could_serve(PrefixHash{22}));
+  const IndexStats s = h.index.stats();
+  CHECK(s.stores_completed == 2);
+  CHECK(s.indexed == 1);
+  check_identity(h.index);
+}
+
 // ------------------------------------------------------------------------------ R6
 
 TEST_CASE("R6 a ticket is consumed by exactly one of dispatch or abandon") {

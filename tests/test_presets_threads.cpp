@@ -90,7 +90,7 @@ void run_preset(const std::filesystem::path& dir = {}) {
   // The forward wrote KV (and state) on every rank; the engine saves it.
   GenerationSource save_generations(Generation{1000});
   const KvSave kv_save{StoreKey{keys.back(), save_generations.next()}, 0, keys, saved_blocks};
-  engine.pump.expect_store(kv_save.key);
+  engine.pump.expect_store(kv_save.key, SaveKind::kv);
   StateStore state_store{StoreKey{state_hash, save_generations.next()}, SlotId{0}, boundary};
   if constexpr (Conn::has_state) engine.pump.expect_store(state_store.key);
   for (auto& rank : ranks) {
@@ -106,6 +106,8 @@ void run_preset(const std::filesystem::path& dir = {}) {
     CHECK(s.source_released);
   }
   if constexpr (Conn::has_state) CHECK(engine.index.could_serve(state_hash));
+  CHECK_FALSE(engine.index.could_serve(keys.back()));  // a KV save is not a state checkpoint
+  CHECK(engine.index.stats().stores_completed == saves);
 
   // Wipe the device, then load into blocks 32.. in a scattered order and into slot 2.
   for (auto& rank : ranks) {

@@ -29,6 +29,7 @@
 #include <kvfuse/completion/detail/quorum_table.hpp>
 #include <kvfuse/completion/group.hpp>
 #include <kvfuse/completion/records.hpp>
+#include <kvfuse/engine/store_request.hpp>
 
 namespace kvfuse {
 
@@ -56,6 +57,12 @@ concept StoreTrackingIndex = requires(const I& cindex, const StoreKey& key) {
 /// An index that wants to hear about submitted saves (OffloadIndex::note_store_attempted).
 template <class I>
 concept StoreNotingIndex = requires(I& index, const StoreKey& key) { index.note_store_attempted(key); };
+
+/// An index that also wants to know what each save holds (OffloadIndex: only state saves
+/// index their hash).
+template <class I>
+concept SaveKindNotingIndex =
+    requires(I& index, const StoreKey& key, SaveKind kind) { index.note_store_attempted(key, kind); };
 
 /// The pump's own counters, next to the group's.
 struct PumpStats {
@@ -117,10 +124,12 @@ class SettlementPump {
 
   /// Announces a save the engine dispatched, so its store records are admitted. Call it
   /// before the ranks can report (i.e. before dispatching the save). Forwards to
-  /// index.note_store_attempted(key) if the index has it. Engine thread; may allocate
+  /// index.note_store_attempted(key, kind) (or (key)) if the index has it; `kind` lets the
+  /// index keep KV saves out of its state-hash set. Engine thread; may allocate
   /// (std::bad_alloc) when more saves are in flight than ever before.
-  void expect_store(StoreKey key) {
-    if constexpr (StoreNotingIndex<I>) (void)index_.note_store_attempted(key);
+  void expect_store(StoreKey key, SaveKind kind = SaveKind::state) {
+    if constexpr (SaveKindNotingIndex<I>) (void)index_.note_store_attempted(key, kind);
+    else if constexpr (StoreNotingIndex<I>) (void)index_.note_store_attempted(key);
     if constexpr (!StoreTrackingIndex<I>) (void)expected_.try_emplace(key);
   }
 

@@ -31,6 +31,7 @@
 #include <kvfuse/engine/detail/lru_hash_set.hpp>
 #include <kvfuse/engine/ids.hpp>
 #include <kvfuse/engine/load_request.hpp>
+#include <kvfuse/engine/store_request.hpp>
 #include <kvfuse/error.hpp>
 
 namespace kvfuse {
@@ -610,14 +611,17 @@ class OffloadIndex final : private detail::TicketSink {
   /// false (counting nothing) if the key is already outstanding or the table cannot grow;
   /// a settlement for it will then be late and index nothing — the safe side.
   /// Scheduler thread only; noexcept; O(1) amortised.
-  bool note_store_attempted(StoreKey key) noexcept {
+  /// `kind` says what the save holds: only a state save that every rank stored indexes its
+  /// hash (the indexed set answers "can a state leg be served", and a KV chunk hash is not a
+  /// checkpoint). KV saves are tracked and counted the same way otherwise.
+  bool note_store_attempted(StoreKey key, SaveKind kind = SaveKind::state) noexcept {
     if (stores_.find(key) != detail::npos32) return false;
     try {
       stores_.reserve(stores_.size() + 1);
     } catch (...) {
       return false;
     }
-    stores_.insert(key, 0);
+    stores_.insert(key, static_cast<std::uint32_t>(kind));
     ++stores_attempted_;
     return true;
   }
@@ -626,18 +630,19 @@ class OffloadIndex final : private detail::TicketSink {
   /// path accepts store records only for these (R3). Scheduler thread only; noexcept; O(1).
   [[nodiscard]] bool is_store_outstanding(StoreKey key) const noexcept { return stores_.find(key) != detail::npos32; }
 
-  /// Settles an attempted store: stored (every rank stored) indexes the hash via
+  /// Settles an attempted store: a state save every rank stored indexes the hash via
   /// note_stored and counts stores_completed; otherwise stores_failed. A key that is not
   /// outstanding is late: counted, nothing indexed. Returns whether it applied.
   /// Scheduler thread only; noexcept; O(1) amortised.
   bool settle_store(const StoreSettlement& s) noexcept {
-    if (!stores_.erase(s.key)) {
+    const std::uint32_t kind = stores_.find(s.key);
+    if (kind == detail::npos32 || !stores_.erase(s.key)) {
       ++late_reports_;
       return false;
     }
     if (s.stored) {
       ++stores_completed_;
-      note_stored(s.key.hash);
+      if (kind == static_cast<std::uint32_t>(SaveKind::state)) note_stored(s.key.hash);
     } else {
       ++stores_failed_;
     }
