@@ -179,3 +179,64 @@ TEST_CASE("presets: KimiK3Connector over a DiskTier per rank") {
   run_preset<KimiK3Connector<DiskTier>>(dir);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("R18 after a restart the index is re-seeded from the tiers and KV and state read back") {
+  using Conn = KimiK3Connector<DiskTier>;
+  const auto dir = std::filesystem::temp_directory_path() / ("kvfuse-restart-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const RankGeometry geo = small_geometry(0, kWorld);
+  const TokenCount prompt = 2 * geo.chunk_tokens;
+  const TokenCount boundary = prompt - geo.block_tokens;
+  const auto keys = chunk_keys(11, 2);
+  const PrefixHash state_hash{0x5eed}, partial_hash{0xbad};
+  const auto saved_blocks = block_range(0, prompt / geo.block_tokens);
+
+  {  // Before the restart: save KV and two checkpoints; one of them only reaches ranks 0-2.
+    HostRuntime rt;
+    Engine engine(4);
+    std::vector<std::unique_ptr<Rank<Conn>>> ranks;
+    for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, engine.group, dir));
+    const KvSave kv_save{StoreKey{keys.back(), Generation{1}}, 0, keys, saved_blocks};
+    const StateStore st{StoreKey{state_hash, Generation{2}}, SlotId{0}, boundary};
+    engine.pump.expect_store(kv_save.key, SaveKind::kv);
+    engine.pump.expect_store(st.key);
+    for (auto& rank : ranks) {
+      rank->pools.write_prompt(saved_blocks, prompt);
+      rank->pools.write_state(SlotId{0}, state_hash);
+      rank->conn.save_kv(kv_save);
+      rank->conn.store_state(st);
+    }
+    REQUIRE(engine.settle(0, 2));
+    for (std::uint32_t r = 0; r + 1 < kWorld; ++r) {  // rank 3 crashed before storing this one
+      std::vector<std::byte> bytes(geo.slot_bytes, std::byte{1});
+      REQUIRE(ranks[r]->tier->put(TierKey{geo.model, partial_hash, kWorld, r, EntryKind::state}, bytes));
+    }
+  }
+
+  // After the restart: new engine, new tiers over the same directories.
+  HostRuntime rt;
+  Engine engine(4);
+  std::vector<std::unique_ptr<Rank<Conn>>> ranks;
+  for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, engine.group, dir));
+  CHECK_FALSE(engine.index.could_serve(state_hash));
+  std::vector<std::vector<TierKey>> catalogues;
+  for (auto& rank : ranks) catalogues.push_back(rank->tier->keys(EntryKind::state));
+  CHECK(reseed_state_hashes(engine.index, catalogues, geo.model, kWorld) == 1);
+  CHECK(engine.index.could_serve(state_hash));
+  CHECK_FALSE(engine.index.could_serve(partial_hash));  // not every rank holds it
+
+  const auto load_blocks = block_range(40, prompt / geo.block_tokens);
+  LoadAdmission a = engine.index.request_load(RequestId{5}, KvSpec{0, prompt, keys, load_blocks},
+                                              StateLeg{state_hash, SlotId{3}, boundary, geo.block_tokens, geo.chunk_tokens});
+  REQUIRE(a.admitted());
+  const LoadRequest request = a.ticket().dispatch();
+  for (auto& rank : ranks) rank->conn.load(request);
+  REQUIRE(engine.settle(1, 0));
+  CHECK(engine.loads.back().ok);
+  for (auto& rank : ranks) {
+    CHECK(rank->pools.holds_prompt(load_blocks, 0, prompt));
+    CHECK(rank->pools.holds_state(SlotId{3}, state_hash));
+  }
+  ranks.clear();
+  std::filesystem::remove_all(dir);
+}

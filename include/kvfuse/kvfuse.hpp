@@ -12,6 +12,7 @@
 #include <kvfuse/engine/capability.hpp>
 #include <kvfuse/engine/connector_names.hpp>
 #include <kvfuse/engine/offload_index.hpp>
+#include <kvfuse/engine/reseed.hpp>
 
 // completion path
 #include <kvfuse/completion/records.hpp>

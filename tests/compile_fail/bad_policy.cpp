@@ -1,0 +1,31 @@
+// Compile-fail cases: each KVFUSE_CASE builds a Connector (or a tier/runtime use) from a
+// type that does not model the policy concept. The test suite builds each one, expects the
+// build to fail, and expects the diagnostic to name the concept.
+#include <kvfuse/kvfuse.hpp>
+
+namespace {
+struct NotAKvLeg {};  // no load/save
+struct NotAStateLeg {
+  static constexpr int ordering = 7;  // not a StateOrdering, no load/store
+};
+struct NotAGroup {};
+struct NotARuntime {};
+using Mem = kvfuse::MemoryTier<>;
+}  // namespace
+
+int main() {
+#if KVFUSE_CASE == 1
+  using C = kvfuse::Connector<NotAKvLeg, kvfuse::NoState, kvfuse::SingleRank>;
+#elif KVFUSE_CASE == 2
+  using C = kvfuse::Connector<kvfuse::PagedKv<Mem>, NotAStateLeg, kvfuse::SingleRank>;
+#elif KVFUSE_CASE == 3
+  using C = kvfuse::Connector<kvfuse::PagedKv<Mem>, kvfuse::NoState, NotAGroup>;
+#elif KVFUSE_CASE == 4
+  using C = kvfuse::Connector<kvfuse::PagedKv<Mem>, kvfuse::NoState, kvfuse::SingleRank, NotARuntime>;
+#elif KVFUSE_CASE == 5
+  using C = kvfuse::Connector<kvfuse::PagedKv<int>, kvfuse::NoState, kvfuse::SingleRank>;
+#else
+  using C = kvfuse::Connector<kvfuse::PagedKv<Mem>, kvfuse::NoState, kvfuse::SingleRank>;  // the control: compiles
+#endif
+  return sizeof(C) > 0 ? 0 : 1;
+}
