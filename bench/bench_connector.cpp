@@ -22,6 +22,8 @@
 #include <benchmark/benchmark.h>
 
 #include <sys/prctl.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <kvfuse/completion/single_rank.hpp>
 #include <kvfuse/compose/presets.hpp>
@@ -99,6 +101,12 @@ struct RecordSink {
 /// The engine thread's side: polls the group until the load's record is drained. An empty
 /// poll yields the core, so on a 2-core machine the waiting thread never holds a core a
 /// lane thread is ready to run on.
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
 int g_wait = std::getenv("WAITMODE") ? std::atoi(std::getenv("WAITMODE")) : 0;
 CompletionRecord await_record(SingleRank& group) noexcept {
   RecordSink sink;
@@ -363,8 +371,10 @@ constexpr std::uint32_t kDenseChunks = 64;
 void BM_DenseVsHandWritten(benchmark::State& state) {
   const bool inline_streams = state.range(0) != 0;
   const auto chunks = static_cast<std::uint32_t>(state.range(1));
+  if (std::getenv("PIN")) pin_to(1);
   DenseRig rig(inline_streams, 4096, chunks, 4);  // 16 chunks x 1 MiB, blocks of 64 KiB in runs of 4
   HostRuntime::Stream stream = rig.rt.make_stream();
+  if (std::getenv("PIN")) pin_to(0);
   const KvSpec& spec = *rig.request.kv;
 
   CompletionRecord rec;
