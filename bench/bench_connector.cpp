@@ -31,7 +31,9 @@
 #include <kvfuse/tier/delay_tier.hpp>
 #include <kvfuse/tier/memory_tier.hpp>
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <chrono>
 #include <cstddef>
@@ -69,6 +71,24 @@ std::vector<std::byte> pattern(std::size_t bytes, std::uint64_t seed) {
   return v;
 }
 
+/// One side's per-iteration times. The ratios use medians: on a shared 2-core machine an
+/// iteration now and then loses its core to another process, and that should not count
+/// against whichever side it happened to. Storage is reserved before the timed loop.
+class Samples {
+ public:
+  explicit Samples(benchmark::IterationCount n) { v_.reserve(static_cast<std::size_t>(n)); }
+  void add(double seconds) { v_.push_back(seconds); }
+  [[nodiscard]] double median() {
+    if (v_.empty()) return 0;
+    const auto mid = v_.begin() + static_cast<std::ptrdiff_t>(v_.size() / 2);
+    std::nth_element(v_.begin(), mid, v_.end());
+    return *mid;
+  }
+
+ private:
+  std::vector<double> v_;
+};
+
 /// A runtime allocation, every page touched at construction: a first-touch page fault
 /// inside a timed copy would measure the kernel, not the copy.
 class Buffer {
@@ -91,16 +111,6 @@ class Buffer {
   std::byte* data_;
 };
 
-/// Takes the one record a load produces off the group.
-struct RecordSink {
-  CompletionRecord last{};
-  void operator()(std::uint32_t, const CompletionRecord& r) noexcept { last = r; }
-  void operator()(std::uint32_t, const StoreRecord&) noexcept {}
-};
-
-/// The engine thread's side: polls the group until the load's record is drained. An empty
-/// poll yields the core, so on a 2-core machine the waiting thread never holds a core a
-/// lane thread is ready to run on.
 void pin_to(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -108,21 +118,95 @@ void pin_to(int cpu) {
   pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 int g_wait = std::getenv("WAITMODE") ? std::atoi(std::getenv("WAITMODE")) : 0;
-CompletionRecord await_record(SingleRank& group) noexcept {
-  RecordSink sink;
-  if (g_wait == 0) while (group.drain(sink) == 0) std::this_thread::yield();
-  else if (g_wait == 1) while (group.drain(sink) == 0) __builtin_ia32_pause();
-  else while (group.drain(sink) == 0) std::this_thread::sleep_for(std::chrono::microseconds(10));
-  return sink.last;
-}
+
+/// Takes the one record a load produces off the group.
+struct RecordSink {
+  CompletionRecord last{};
+  void operator()(std::uint32_t, const CompletionRecord& r) noexcept { last = r; }
+  void operator()(std::uint32_t, const StoreRecord&) noexcept {}
+};
+
+/// SingleRank with a doorbell: each emit, after pushing into the lane queue, bumps a
+/// counter and wakes the engine thread if it sleeps on it (a futex, via C++20 atomic
+/// wait). So the engine thread can sleep while a load runs instead of polling, which on a
+/// 2-core machine would take a core from the lane threads. The record still travels
+/// through SingleRank's lane queue and is drained from it; the doorbell's cost (an atomic
+/// add, and a futex wake only when the engine thread sleeps) is charged to the connector.
+class BellGroup {
+ public:
+  class Emitter {
+   public:
+    Emitter(LaneEmitter inner, std::atomic<std::uint32_t>& bell) noexcept : inner_(std::move(inner)), bell_(&bell) {}
+    void emit(const CompletionRecord& r) noexcept {
+      inner_.emit(r);
+      ring();
+    }
+    void emit(const StoreRecord& r) noexcept {
+      inner_.emit(r);
+      ring();
+    }
+
+   private:
+    void ring() noexcept {
+      bell_->fetch_add(1, std::memory_order_release);
+      bell_->notify_one();
+    }
+    LaneEmitter inner_;
+    std::atomic<std::uint32_t>* bell_;
+  };
+
+  explicit BellGroup(SingleRankConfig config = {}) : inner_(config) {}
+
+  [[nodiscard]] std::uint32_t world_size() const noexcept { return inner_.world_size(); }
+  [[nodiscard]] Emitter emitter(std::uint32_t rank, std::size_t lane) { return Emitter(inner_.emitter(rank, lane), bell_); }
+  template <class Visitor>
+  std::size_t drain(Visitor& visitor) noexcept {
+    return inner_.drain(visitor);
+  }
+  template <AdmitPolicy Admit, SettlementSink Sink>
+  MergeResult merge(std::uint32_t rank, const CompletionRecord& r, Admit& admit, Sink& sink) noexcept {
+    return inner_.merge(rank, r, admit, sink);
+  }
+  template <AdmitPolicy Admit, SettlementSink Sink>
+  MergeResult merge(std::uint32_t rank, const StoreRecord& r, Admit& admit, Sink& sink) noexcept {
+    return inner_.merge(rank, r, admit, sink);
+  }
+  template <SettlementSink Sink>
+  void mark_rank_dead(std::uint32_t rank, Sink& sink) {
+    inner_.mark_rank_dead(rank, sink);
+  }
+  void set_time(std::chrono::steady_clock::time_point now) noexcept { inner_.set_time(now); }
+  [[nodiscard]] GroupStats stats() const noexcept { return inner_.stats(); }
+
+  /// The engine thread's side: drains the one record of the load in flight, sleeping on
+  /// the doorbell until it is there.
+  CompletionRecord await_record() noexcept {
+    RecordSink sink;
+    if (g_wait == 0) {
+      while (inner_.drain(sink) == 0) std::this_thread::yield();
+      return sink.last;
+    }
+    std::uint32_t seen = bell_.load(std::memory_order_acquire);
+    while (inner_.drain(sink) == 0) {
+      bell_.wait(seen, std::memory_order_acquire);
+      seen = bell_.load(std::memory_order_acquire);
+    }
+    return sink.last;
+  }
+
+ private:
+  SingleRank inner_;
+  std::atomic<std::uint32_t> bell_{0};
+};
+static_assert(CompletionGroup<BellGroup>);
 
 /// One timed load: Connector::load to the drained record. The request is copied by the
 /// caller (the engine ships a copy to every rank), outside the timed region.
 template <class Conn>
-double timed_load(Conn& conn, SingleRank& group, LoadRequest request, CompletionRecord& record) noexcept {
+double timed_load(Conn& conn, BellGroup& group, LoadRequest request, CompletionRecord& record) noexcept {
   const auto t0 = Clock::now();
   conn.load(std::move(request));
-  record = await_record(group);
+  record = group.await_record();
   return seconds_since(t0);
 }
 
@@ -146,8 +230,8 @@ struct SerialRecurrentState {
 };
 
 using JointTier = DelayTier<MemoryTier<>>;
-using K3 = KimiK3Connector<JointTier, SingleRank>;
-using Serial = Connector<PagedKv<JointTier>, SerialRecurrentState<JointTier>, SingleRank>;
+using K3 = KimiK3Connector<JointTier, BellGroup>;
+using Serial = Connector<PagedKv<JointTier>, SerialRecurrentState<JointTier>, BellGroup>;
 
 /// One rank with both connectors over one tier: a KV leg of one chunk and a state leg of
 /// one entry, both `leg_bytes` long, so each leg is exactly one tier get and one copy.
@@ -158,7 +242,7 @@ struct JointRig {
   Buffer blocks;
   Buffer slots;
   JointTier tier;
-  SingleRank k3_group, serial_group;
+  BellGroup k3_group, serial_group;
   K3 k3;
   Serial serial;
   LoadRequest kv_only, state_only, joint;
@@ -218,29 +302,29 @@ void BM_JointLoad(benchmark::State& state) {
     return;
   }
 
-  double kv = 0, st = 0, joint = 0, serial = 0;
+  Samples kv(state.max_iterations), st(state.max_iterations), joint(state.max_iterations),
+      serial(state.max_iterations);
   bool ok = true;
   for (auto _ : state) {
-    kv += timed_load(rig.k3, rig.k3_group, rig.kv_only, rec);
+    kv.add(timed_load(rig.k3, rig.k3_group, rig.kv_only, rec));
     ok = ok && kv_ok(rec);
-    st += timed_load(rig.k3, rig.k3_group, rig.state_only, rec);
+    st.add(timed_load(rig.k3, rig.k3_group, rig.state_only, rec));
     ok = ok && state_ok(rec);
     const double j = timed_load(rig.k3, rig.k3_group, rig.joint, rec);
     ok = ok && kv_ok(rec) && state_ok(rec);
-    serial += timed_load(rig.serial, rig.serial_group, rig.joint, rec);
+    serial.add(timed_load(rig.serial, rig.serial_group, rig.joint, rec));
     ok = ok && kv_ok(rec) && state_ok(rec);
-    joint += j;
+    joint.add(j);
     state.SetIterationTime(j);
   }
   if (!ok) state.SkipWithError("a load did not report kv ok / state restored");
-  const double n = static_cast<double>(state.iterations());
-  const double longer = std::max(kv, st);
-  state.counters["kv_ms"] = 1e3 * kv / n;
-  state.counters["state_ms"] = 1e3 * st / n;
-  state.counters["joint_ms"] = 1e3 * joint / n;
-  state.counters["serial_ms"] = 1e3 * serial / n;
-  state.counters["joint_over_max"] = joint / longer;
-  state.counters["serial_over_max"] = serial / longer;
+  const double longer = std::max(kv.median(), st.median());
+  state.counters["kv_ms"] = 1e3 * kv.median();
+  state.counters["state_ms"] = 1e3 * st.median();
+  state.counters["joint_ms"] = 1e3 * joint.median();
+  state.counters["serial_ms"] = 1e3 * serial.median();
+  state.counters["joint_over_max"] = joint.median() / longer;
+  state.counters["serial_over_max"] = serial.median() / longer;
 }
 BENCHMARK(BM_JointLoad)
     ->ArgNames({"delay_us", "leg_KiB"})
@@ -252,7 +336,7 @@ BENCHMARK(BM_JointLoad)
 // ---- 3: dense connector against a hand-written load ---------------------------------------
 
 using HostTier = MemoryTier<HostRuntime>;
-using Dense = DenseConnector<HostTier, SingleRank, HostRuntime>;
+using Dense = DenseConnector<HostTier, BellGroup, HostRuntime>;
 
 /// A dense rank: `chunks` tier chunks of 256 tokens, `token_bytes` per token, 16-token blocks.
 /// The block table is a fixed permutation of runs of `run` consecutive blocks, as a paged
@@ -262,7 +346,7 @@ struct DenseRig {
   RankGeometry geo;
   Buffer blocks;
   HostTier tier;
-  SingleRank group;
+  BellGroup group;
   Dense conn;
   LoadRequest request;
 
@@ -388,7 +472,7 @@ void BM_DenseVsHandWritten(benchmark::State& state) {
     return;
   }
 
-  double hand = 0, one_sync = 0, conn = 0;
+  Samples hand(state.max_iterations), one_sync(state.max_iterations), conn(state.max_iterations);
   bool ok = true;
   std::uint64_t i = 0;
   for (auto _ : state) {
@@ -401,26 +485,25 @@ void BM_DenseVsHandWritten(benchmark::State& state) {
     }
     auto t0 = Clock::now();
     ok = hand_written_load(rig.tier, rig.rt, stream, rig.geo, spec, rig.blocks.data()) && ok;
-    hand += seconds_since(t0);
+    hand.add(seconds_since(t0));
     if (hand_first) {
       c = timed_load(rig.conn, rig.group, rig.request, rec);
       ok = ok && kv_ok(rec);
     }
     t0 = Clock::now();
     ok = hand_written_load_one_sync<kDenseChunks>(rig.tier, rig.rt, stream, rig.geo, spec, rig.blocks.data()) && ok;
-    one_sync += seconds_since(t0);
-    conn += c;
+    one_sync.add(seconds_since(t0));
+    conn.add(c);
     state.SetIterationTime(c);
   }
   if (!ok) state.SkipWithError("a load failed");
-  const double n = static_cast<double>(state.iterations());
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(chunks * rig.geo.chunk_bytes()));
-  state.counters["hand_ms"] = 1e3 * hand / n;
-  state.counters["conn_ms"] = 1e3 * conn / n;
-  state.counters["one_sync_ms"] = 1e3 * one_sync / n;
-  state.counters["conn_over_hand"] = conn / hand;
-  state.counters["hand_over_one_sync"] = hand / one_sync;
+  state.counters["hand_ms"] = 1e3 * hand.median();
+  state.counters["conn_ms"] = 1e3 * conn.median();
+  state.counters["one_sync_ms"] = 1e3 * one_sync.median();
+  state.counters["conn_over_hand"] = conn.median() / hand.median();
+  state.counters["hand_over_one_sync"] = hand.median() / one_sync.median();
 }
 BENCHMARK(BM_DenseVsHandWritten)->ArgNames({"inline","chunks"})->Args({1,1})->Args({1,4})->Args({1,16})->Args({1,64})->Args({0,16})->UseManualTime()->Unit(benchmark::kMillisecond);
 
@@ -443,7 +526,7 @@ void BM_LoadVsMemcpy64MiB(benchmark::State& state) {
     return;
   }
 
-  double copy = 0, load = 0;
+  Samples copy(state.max_iterations), load(state.max_iterations);
   bool ok = true;
   std::uint64_t i = 0;
   for (auto _ : state) {
@@ -456,20 +539,19 @@ void BM_LoadVsMemcpy64MiB(benchmark::State& state) {
     const auto t0 = Clock::now();
     std::memcpy(dst.data(), src.data(), kHitBytes);
     benchmark::ClobberMemory();
-    copy += seconds_since(t0);
+    copy.add(seconds_since(t0));
     if (copy_first) {
       l = timed_load(rig.conn, rig.group, rig.request, rec);
       ok = ok && kv_ok(rec);
     }
-    load += l;
+    load.add(l);
     state.SetIterationTime(l);
   }
   if (!ok) state.SkipWithError("a load failed");
-  const double bytes = static_cast<double>(kHitBytes) * static_cast<double>(state.iterations());
-  state.SetBytesProcessed(static_cast<std::int64_t>(bytes));
-  state.counters["memcpy_GBps"] = bytes / copy / 1e9;
-  state.counters["load_GBps"] = bytes / load / 1e9;
-  state.counters["load_over_memcpy"] = copy / load;  // bytes/s over bytes/s
+  state.SetBytesProcessed(static_cast<std::int64_t>(kHitBytes) * static_cast<std::int64_t>(state.iterations()));
+  state.counters["memcpy_GBps"] = static_cast<double>(kHitBytes) / copy.median() / 1e9;
+  state.counters["load_GBps"] = static_cast<double>(kHitBytes) / load.median() / 1e9;
+  state.counters["load_over_memcpy"] = copy.median() / load.median();  // bytes/s over bytes/s
 }
 BENCHMARK(BM_LoadVsMemcpy64MiB)->ArgName("inline")->Arg(1)->Arg(0)->UseManualTime()->Unit(benchmark::kMillisecond);
 

@@ -343,11 +343,13 @@ TEST_CASE("R11 a stateful DSV4 load with a nonzero HBM floor is refused") {
   const RankGeometry& g = rank.pools.geo;
   LoadRequest r;
   r.key = LoadKey{RequestId{1}, Generation{1}};
-  r.kv = KvSpec{g.block_tokens, g.chunk_tokens, chunk_keys(1, 1), block_range(1, 3)};
+  rank.save_chunk(chunk_keys(1, 1)[0]);
+  r.kv = KvSpec{g.block_tokens, g.chunk_tokens, chunk_keys(1, 1), block_range(9, 3)};
   r.state = state_spec(PrefixHash{5}, SlotId{1});
   const auto rec = rank.load(std::move(r));
   CHECK(rec.state == StateOutcome::refused);
-  CHECK(rec.reason != Reason::none);
+  CHECK(rec.kv == KvOutcome::ok);
+  CHECK(rec.reason == Reason::nonzero_hbm_floor);
   CHECK(rank.pools.slot_is_zero(SlotId{1}));
 }
 

@@ -1,4 +1,5 @@
 // DiskTier: file format, atomic puts, restart (R18), quarantine, and the checksum it uses.
+#include "tier_test_support.hpp"
 #include <doctest/doctest.h>
 
 #include <kvfuse/detail/checksum.hpp>
@@ -20,36 +21,10 @@
 #include <vector>
 
 using namespace kvfuse;
+using namespace kvfuse::testing;
 namespace fs = std::filesystem;
 
 namespace {
-
-TierKey key_of(std::uint64_t hash, std::uint32_t rank = 0, EntryKind kind = EntryKind::kv_chunk,
-               std::uint64_t model = 7, std::uint32_t world = 4) {
-  TierKey k;
-  k.model = model;
-  k.hash = PrefixHash{hash};
-  k.world_size = world;
-  k.rank = rank;
-  k.kind = kind;
-  return k;
-}
-
-std::vector<std::byte> pattern(std::uint64_t seed, std::size_t n) {
-  std::vector<std::byte> out(n);
-  std::uint64_t x = seed * 0x9e3779b97f4a7c15ULL + 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    out[i] = static_cast<std::byte>(x);
-  }
-  return out;
-}
-
-bool same(std::span<const std::byte> a, const std::vector<std::byte>& b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
-}
 
 // A fresh directory per test (mkdtemp), removed with everything in it at the end.
 struct TempDir {

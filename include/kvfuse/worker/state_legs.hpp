@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
+#include <utility>
 
 #include <kvfuse/tier/tier.hpp>
 #include <kvfuse/worker/leg.hpp>
@@ -56,6 +58,34 @@ inline StateVerdict verdict_for(GetStatus status) noexcept {
   return status == GetStatus::miss ? StateVerdict{StateOutcome::missed, Reason::none}
                                    : StateVerdict{StateOutcome::failed, Reason::state_transfer_failed};
 }
+
+/// The part every stateful leg's load shares: the R11 checks, the no-tier rule (R14), the
+/// tier get. On a hit `verdict` is unset and the caller validates and scatters the view;
+/// otherwise `verdict` is the leg's answer.
+struct StateFetch {
+  TierView view;
+  std::optional<StateVerdict> verdict;
+};
+template <Tier T, Runtime R>
+StateFetch fetch_state(T* tier, const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) noexcept {
+  if (const Reason refused = check_state_spec(spec, kv, lane.geometry); refused != Reason::none)
+    return {TierView{}, StateVerdict{StateOutcome::refused, refused}};
+  if (tier == nullptr) return {TierView{}, StateVerdict{StateOutcome::failed, Reason::no_tier}};
+  TierView view = tier->get(state_key(lane.geometry, spec.boundary_hash), lane.staging);
+  if (!view.hit()) return {TierView{}, verdict_for(view.status())};
+  return {std::move(view), std::nullopt};
+}
+
+/// The part every stateful leg's store shares: no tier, bad source slot, too little
+/// staging. Returns the verdict to report, or nothing when the store can go ahead.
+template <Tier T, Runtime R>
+std::optional<SaveVerdict> refuse_store(const T* tier, const StateStore& store, std::size_t entry_bytes,
+                                        const LaneContext<R>& lane) noexcept {
+  if (tier == nullptr) return SaveVerdict{false, true, Reason::no_tier};
+  if (store.source.value >= lane.geometry.num_slots) return SaveVerdict{false, true, Reason::slot_out_of_range};
+  if (lane.staging.size() < entry_bytes) return SaveVerdict{false, true, Reason::state_transfer_failed};
+  return std::nullopt;
+}
 }  // namespace detail
 
 /// Kimi-K3 recurrent state: the entry is the slot's bytes, nothing more. Runs on its own
@@ -72,11 +102,9 @@ class RecurrentState {
   /// Restores the checkpoint into the slot. Noexcept, no allocation.
   template <Runtime R>
   StateVerdict load(const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) const noexcept {
-    if (const Reason refused = check_state_spec(spec, kv, lane.geometry); refused != Reason::none)
-      return {StateOutcome::refused, refused};
-    if (tier_ == nullptr) return {StateOutcome::failed, Reason::no_tier};
-    const TierView view = tier_->get(detail::state_key(lane.geometry, spec.boundary_hash), lane.staging);
-    if (!view.hit()) return detail::verdict_for(view.status());
+    const detail::StateFetch fetched = detail::fetch_state(tier_, spec, kv, lane);
+    if (fetched.verdict) return *fetched.verdict;
+    const TierView& view = fetched.view;
     if (view.bytes().size() != lane.geometry.slot_bytes) return {StateOutcome::refused, Reason::entry_size_mismatch};
     if (!detail::scatter_into_slot(lane, spec.slot, view.bytes().data()))
       return {StateOutcome::failed, Reason::state_transfer_failed};
@@ -86,9 +114,7 @@ class RecurrentState {
   /// Gathers the source slot and puts it in the tier.
   template <Runtime R>
   SaveVerdict store(const StateStore& store, LaneContext<R>& lane) const noexcept {
-    if (tier_ == nullptr) return {false, true, Reason::no_tier};
-    if (store.source.value >= lane.geometry.num_slots) return {false, true, Reason::slot_out_of_range};
-    if (lane.staging.size() < lane.geometry.slot_bytes) return {false, true, Reason::state_transfer_failed};
+    if (auto refused = detail::refuse_store(tier_, store, lane.geometry.slot_bytes, lane)) return *refused;
     if (!detail::gather_slot(lane, store.source, lane.staging.data()))
       return {false, true, Reason::state_transfer_failed};
     const bool stored = tier_->put(detail::state_key(lane.geometry, store.key.hash),
@@ -122,12 +148,10 @@ class SlotState {
   /// Validates the sidecar, then scatters the payload into the slot. Noexcept, no allocation.
   template <Runtime R>
   StateVerdict load(const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) const noexcept {
-    if (const Reason refused = check_state_spec(spec, kv, lane.geometry); refused != Reason::none)
-      return {StateOutcome::refused, refused};
     if (kv != nullptr && kv->hbm != 0) return {StateOutcome::refused, Reason::nonzero_hbm_floor};
-    if (tier_ == nullptr) return {StateOutcome::failed, Reason::no_tier};
-    const TierView view = tier_->get(detail::state_key(lane.geometry, spec.boundary_hash), lane.staging);
-    if (!view.hit()) return detail::verdict_for(view.status());
+    const detail::StateFetch fetched = detail::fetch_state(tier_, spec, kv, lane);
+    if (fetched.verdict) return *fetched.verdict;
+    const TierView& view = fetched.view;
     const std::size_t expected = sizeof(SlotSidecar) + lane.geometry.slot_bytes;
     if (view.bytes().size() != expected) return {StateOutcome::refused, Reason::entry_size_mismatch};
     SlotSidecar sidecar;
@@ -143,10 +167,8 @@ class SlotState {
   /// Writes sidecar + slot bytes into staging and puts them in the tier.
   template <Runtime R>
   SaveVerdict store(const StateStore& store, LaneContext<R>& lane) const noexcept {
-    if (tier_ == nullptr) return {false, true, Reason::no_tier};
-    if (store.source.value >= lane.geometry.num_slots) return {false, true, Reason::slot_out_of_range};
     const std::size_t total = sizeof(SlotSidecar) + lane.geometry.slot_bytes;
-    if (lane.staging.size() < total) return {false, true, Reason::state_transfer_failed};
+    if (auto refused = detail::refuse_store(tier_, store, total, lane)) return *refused;
     const SlotSidecar sidecar{store.key.hash.value, store.boundary_tokens, lane.geometry.slot_bytes};
     std::memcpy(lane.staging.data(), &sidecar, sizeof sidecar);
     if (!detail::gather_slot(lane, store.source, lane.staging.data() + sizeof sidecar))
