@@ -1,29 +1,44 @@
-// Connector load-path costs against DESIGN.md section 6. Every ratio is taken from timings
-// measured inside the same benchmark iteration (the two sides alternate), so a noisy,
-// shared machine slows both sides alike; it is printed as a counter and again in the
-// summary at the end.
+// Connector load-path costs against DESIGN.md section 6. Each ratio compares timings taken
+// inside the same benchmark iterations (the sides alternate), and uses the median of each
+// side, so a machine shared with other work slows both sides alike and an iteration that
+// lost its core to another process does not count against whichever side it hit. Every
+// ratio is a user counter and is printed again in the summary at the end.
 //
-//   BM_JointLoad/delay_us:2000/leg_KiB:64      joint / max(kv, state) <= 1.10: equal legs of one
-//       tier get each, every get paying a fixed 2 ms (a disk or remote fetch), through a
-//       KimiK3Connector (state leg on its own lane). Also serialized / max: the same legs
-//       run one after the other on one lane (a state leg ordered after_kv), the seed's shape.
-//   BM_JointLoad/delay_us:0/leg_KiB:8192       the same with two 8 MiB memcpy legs and no
-//       delay. No target: both legs copy through one memory bus, so running them at once
-//       cannot halve the time; it only shows what overlap is left.
-//   BM_DenseVsHandWritten/inline:<0|1>         dense connector / hand-written chunked load of
-//       the same 16 x 1 MiB, <= 1.02 (zero cost).
-//   BM_LoadVsMemcpy64MiB/inline:<0|1>          load-path bytes/s / memcpy bytes/s for a 64 MiB
-//       memory-tier hit, >= 0.90.
+//   BM_JointLoad/delay_us:2000/leg_KiB:64/apart:0
+//       joint / max(kv, state), target <= 1.10. Equal legs of one tier get each, every get
+//       paying a fixed 2 ms (DelayTier: a disk or remote fetch), through a KimiK3Connector
+//       (the state leg runs on its own lane). serial_over_max: the same joint load with the
+//       state leg ordered after_kv, so both legs run one after the other on the load lane
+//       (the seed's shape once its lanes were merged).
+//   BM_JointLoad/delay_us:0/leg_KiB:16384/apart:<0|1>
+//       The same with two 16 MiB memcpy legs and no delay. No target: both legs copy through
+//       one memory bus, and each needs a CPU of its own. apart:1 pins the load lanes to one
+//       CPU and the state lane to another (by thread name); apart:0 leaves it to the OS.
+//   BM_DenseVsHandWritten/inline:1/chunks:64/one_cpu:1
+//       dense connector / hand-written chunked load of the same 64 x 1 MiB, target <= 1.02
+//       (zero cost). Other rows: 16 chunks, OS thread placement, threaded streams (with the
+//       cost of syncing per chunk rather than once, hand_over_one_sync).
+//   BM_LoadVsMemcpy64MiB/inline:1/one_cpu:1
+//       load-path bytes/s / memcpy bytes/s for a 64 MiB memory-tier hit, target >= 0.90.
+//       Other rows: threaded streams, OS thread placement.
 //
-// Load times run from the call to Connector::load to the engine thread draining the load's
-// record from the group, one load at a time (manual time).
+// Load times run from the call to Connector::load until the engine thread has drained the
+// load's record from the group, one load at a time (manual time). The engine thread
+// sleeps while the load runs (BellGroup below), so it takes no CPU from the lanes.
 //
-// Run: kvfuse_bench_connector --benchmark_min_time=0.3   (about 15 s on 2 cores)
+// one_cpu:1 pins the engine thread and every thread the rig starts (lanes, stream threads)
+// to the CPU the engine thread is on, so the connector's copies and the hand-written (or
+// memcpy) copies run on the same core and the ratio compares the same work. one_cpu:0
+// leaves placement to the OS; on a small VM shared with other work that adds the wake-up
+// of another virtual CPU, and whatever else runs there, to every hand-off.
+//
+// Run: kvfuse_bench_connector --benchmark_min_time=0.3   (about 20 s on 2 cores)
 #include <benchmark/benchmark.h>
 
-#include <sys/prctl.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/prctl.h>
 
 #include <kvfuse/completion/single_rank.hpp>
 #include <kvfuse/compose/presets.hpp>
@@ -34,16 +49,15 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -71,9 +85,7 @@ std::vector<std::byte> pattern(std::size_t bytes, std::uint64_t seed) {
   return v;
 }
 
-/// One side's per-iteration times. The ratios use medians: on a shared 2-core machine an
-/// iteration now and then loses its core to another process, and that should not count
-/// against whichever side it happened to. Storage is reserved before the timed loop.
+/// One side's per-iteration times; storage reserved before the timed loop.
 class Samples {
  public:
   explicit Samples(benchmark::IterationCount n) { v_.reserve(static_cast<std::size_t>(n)); }
@@ -89,12 +101,12 @@ class Samples {
   std::vector<double> v_;
 };
 
-/// A runtime allocation, every page touched at construction: a first-touch page fault
+/// A runtime allocation with every page touched at construction: a first-touch page fault
 /// inside a timed copy would measure the kernel, not the copy.
 class Buffer {
  public:
   Buffer(HostRuntime& rt, std::size_t bytes, bool device)
-      : rt_(rt), bytes_(bytes), device_(device),
+      : rt_(rt), device_(device), bytes_(bytes),
         data_(static_cast<std::byte*>(device ? rt.allocate_device(bytes) : rt.allocate_pinned(bytes))) {
     std::memset(data_, 0, bytes_);
   }
@@ -106,18 +118,70 @@ class Buffer {
 
  private:
   HostRuntime& rt_;
-  std::size_t bytes_;
   bool device_;
+  std::size_t bytes_;
   std::byte* data_;
 };
 
-void pin_to(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+/// While alive, pins the calling thread to the CPU it runs on; threads started meanwhile
+/// (lanes, stream threads) inherit the pin. Restores the previous mask when destroyed. If
+/// the pin cannot be set, nothing changes and pinned() says so.
+class OneCpu {
+ public:
+  explicit OneCpu(bool enable) {
+    if (!enable || pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_) != 0) return;
+    const int cpu = sched_getcpu();
+    if (cpu < 0) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pinned_ = pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0;
+  }
+  ~OneCpu() {
+    if (pinned_) (void)pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_);
+  }
+  OneCpu(const OneCpu&) = delete;
+  OneCpu& operator=(const OneCpu&) = delete;
+  [[nodiscard]] bool pinned() const noexcept { return pinned_; }
+
+ private:
+  cpu_set_t saved_{};
+  bool pinned_ = false;
+};
+
+/// Pins every thread of this process whose OS name is `name` (a lane names its thread) to
+/// `cpu`. Linux only (/proc/self/task/*/comm). Returns how many threads it pinned.
+int pin_threads_named(const std::string& name, int cpu) {
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return 0;
+  int pinned = 0;
+  while (const dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    const std::string comm_path = std::string("/proc/self/task/") + entry->d_name + "/comm";
+    std::FILE* f = std::fopen(comm_path.c_str(), "r");
+    if (f == nullptr) continue;
+    char comm[64] = {};
+    const bool read = std::fgets(comm, sizeof comm, f) != nullptr;
+    std::fclose(f);
+    if (!read || std::string(comm) != name + "\n") continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(static_cast<pid_t>(std::atoi(entry->d_name)), sizeof one, &one) == 0) ++pinned;
+  }
+  closedir(dir);
+  return pinned;
 }
-int g_wait = std::getenv("WAITMODE") ? std::atoi(std::getenv("WAITMODE")) : 0;
+
+/// The first two CPUs this thread may run on, or {-1, -1}.
+std::pair<int, int> two_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return {-1, -1};
+  int found[2] = {-1, -1}, n = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE && n < 2; ++cpu)
+    if (CPU_ISSET(cpu, &set)) found[n++] = cpu;
+  return n == 2 ? std::pair{found[0], found[1]} : std::pair{-1, -1};
+}
 
 /// Takes the one record a load produces off the group.
 struct RecordSink {
@@ -126,14 +190,15 @@ struct RecordSink {
   void operator()(std::uint32_t, const StoreRecord&) noexcept {}
 };
 
-/// SingleRank with a doorbell: each emit, after pushing into the lane queue, bumps a
-/// counter and wakes the engine thread if it sleeps on it (a futex, via C++20 atomic
-/// wait). So the engine thread can sleep while a load runs instead of polling, which on a
-/// 2-core machine would take a core from the lane threads. The record still travels
-/// through SingleRank's lane queue and is drained from it; the doorbell's cost (an atomic
-/// add, and a futex wake only when the engine thread sleeps) is charged to the connector.
+/// SingleRank with a doorbell. Each emit pushes into SingleRank's lane queue as usual, then
+/// bumps a counter and wakes the engine thread if it sleeps on it (C++20 atomic wait: a
+/// futex). So the engine thread sleeps while a load runs instead of polling, which on a
+/// 2-core machine would take a core from the lanes. The record is still drained from
+/// SingleRank's queue; the doorbell (an atomic add, plus a futex wake while the engine
+/// thread sleeps) and the engine thread's wake-up are charged to the connector.
 class BellGroup {
  public:
+  /// A SingleRank lane emitter that rings the bell after each record. Lane thread only.
   class Emitter {
    public:
     Emitter(LaneEmitter inner, std::atomic<std::uint32_t>& bell) noexcept : inner_(std::move(inner)), bell_(&bell) {}
@@ -158,7 +223,9 @@ class BellGroup {
   explicit BellGroup(SingleRankConfig config = {}) : inner_(config) {}
 
   [[nodiscard]] std::uint32_t world_size() const noexcept { return inner_.world_size(); }
-  [[nodiscard]] Emitter emitter(std::uint32_t rank, std::size_t lane) { return Emitter(inner_.emitter(rank, lane), bell_); }
+  [[nodiscard]] Emitter emitter(std::uint32_t rank, std::size_t lane) {
+    return Emitter(inner_.emitter(rank, lane), bell_);
+  }
   template <class Visitor>
   std::size_t drain(Visitor& visitor) noexcept {
     return inner_.drain(visitor);
@@ -178,14 +245,10 @@ class BellGroup {
   void set_time(std::chrono::steady_clock::time_point now) noexcept { inner_.set_time(now); }
   [[nodiscard]] GroupStats stats() const noexcept { return inner_.stats(); }
 
-  /// The engine thread's side: drains the one record of the load in flight, sleeping on
-  /// the doorbell until it is there.
+  /// Engine thread: drains the record of the one load in flight, sleeping on the bell
+  /// until it is there.
   CompletionRecord await_record() noexcept {
     RecordSink sink;
-    if (g_wait == 0) {
-      while (inner_.drain(sink) == 0) std::this_thread::yield();
-      return sink.last;
-    }
     std::uint32_t seen = bell_.load(std::memory_order_acquire);
     while (inner_.drain(sink) == 0) {
       bell_.wait(seen, std::memory_order_acquire);
@@ -200,8 +263,8 @@ class BellGroup {
 };
 static_assert(CompletionGroup<BellGroup>);
 
-/// One timed load: Connector::load to the drained record. The request is copied by the
-/// caller (the engine ships a copy to every rank), outside the timed region.
+/// One timed load: Connector::load until the record is drained. The caller copies the
+/// request (an engine ships a copy to every rank) outside the timed region.
 template <class Conn>
 double timed_load(Conn& conn, BellGroup& group, LoadRequest request, CompletionRecord& record) noexcept {
   const auto t0 = Clock::now();
@@ -210,11 +273,13 @@ double timed_load(Conn& conn, BellGroup& group, LoadRequest request, CompletionR
   return seconds_since(t0);
 }
 
-// ---- 1 and 2: joint load against its legs ------------------------------------------------
+bool kv_ok(const CompletionRecord& r) { return r.kv == KvOutcome::ok; }
+bool state_ok(const CompletionRecord& r) { return r.state == StateOutcome::restored; }
 
-/// The serialized baseline: Kimi-K3's recurrent state leg, but ordered after_kv, so the
-/// connector runs it on the load lane after the KV leg, as the seed did once both legs
-/// shared one lane. A user-written StateLeg policy, a dozen lines.
+// ---- 1 and 2: a joint load against its legs ------------------------------------------------
+
+/// The serialized baseline: Kimi-K3's recurrent state leg ordered after_kv, so the
+/// connector runs it on the load lane after the KV leg. A user-written StateLeg policy.
 template <Tier T>
 struct SerialRecurrentState {
   static constexpr StateOrdering ordering = StateOrdering::after_kv;
@@ -234,7 +299,8 @@ using K3 = KimiK3Connector<JointTier, BellGroup>;
 using Serial = Connector<PagedKv<JointTier>, SerialRecurrentState<JointTier>, BellGroup>;
 
 /// One rank with both connectors over one tier: a KV leg of one chunk and a state leg of
-/// one entry, both `leg_bytes` long, so each leg is exactly one tier get and one copy.
+/// one entry, both `leg_bytes` long, so each leg is one tier get and one copy. Inline
+/// streams: each leg's copy runs on its own lane thread.
 struct JointRig {
   static constexpr std::uint32_t chunk_tokens = 64;
   HostRuntime rt = make_runtime(true);
@@ -265,39 +331,45 @@ struct JointRig {
         blocks(rt, geo.num_blocks * geo.block_bytes(), true),
         slots(rt, geo.slot_bytes, true),
         tier(delay, 4 * leg_bytes),
-        k3(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(tier), RecurrentState<JointTier>(&tier),
-           k3_group),
+        k3(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(tier),
+           RecurrentState<JointTier>(&tier), k3_group),
         serial(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(tier),
                SerialRecurrentState<JointTier>{RecurrentState<JointTier>(&tier)}, serial_group) {
     const PrefixHash chunk{0x1001}, checkpoint{0x2002};
-    tier.put(tier_key(geo, chunk, EntryKind::kv_chunk), pattern(geo.chunk_bytes(), 1));
-    tier.put(tier_key(geo, checkpoint, EntryKind::state), pattern(geo.slot_bytes, 2));
-    KvSpec kv{0, chunk_tokens, {chunk}, {BlockId{0}, BlockId{1}, BlockId{2}, BlockId{3}}};
-    StateSpec st{chunk_tokens, checkpoint, SlotId{0}, geo.block_tokens, geo.chunk_tokens};
+    (void)tier.put(tier_key(geo, chunk, EntryKind::kv_chunk), pattern(geo.chunk_bytes(), 1));
+    (void)tier.put(tier_key(geo, checkpoint, EntryKind::state), pattern(geo.slot_bytes, 2));
+    const KvSpec kv{0, chunk_tokens, {chunk}, {BlockId{0}, BlockId{1}, BlockId{2}, BlockId{3}}};
+    const StateSpec st{chunk_tokens, checkpoint, SlotId{0}, geo.block_tokens, geo.chunk_tokens};
     kv_only = LoadRequest{LoadKey{RequestId{1}, Generation{1}}, kv, std::nullopt};
     state_only = LoadRequest{LoadKey{RequestId{2}, Generation{2}}, std::nullopt, st};
     joint = LoadRequest{LoadKey{RequestId{3}, Generation{3}}, kv, st};
   }
 
   /// True if the blocks and the slot hold what the tier holds (checked once, untimed).
-  bool bytes_arrived() const {
+  [[nodiscard]] bool bytes_arrived() const {
     return std::memcmp(blocks.data(), pattern(geo.chunk_bytes(), 1).data(), geo.chunk_bytes()) == 0 &&
            std::memcmp(slots.data(), pattern(geo.slot_bytes, 2).data(), geo.slot_bytes) == 0;
   }
 };
 
-bool kv_ok(const CompletionRecord& r) { return r.kv == KvOutcome::ok; }
-bool state_ok(const CompletionRecord& r) { return r.state == StateOutcome::restored; }
-
 void BM_JointLoad(benchmark::State& state) {
   const auto delay = std::chrono::microseconds(state.range(0));
   const auto leg_bytes = static_cast<std::size_t>(state.range(1)) << 10;
   JointRig rig(delay, leg_bytes);
+  // apart:1 puts the load lanes on one CPU and the state lane on another. Otherwise the OS
+  // places them, and on a small VM it may well stack both on one CPU (wake-affine).
+  bool apart = false;
+  if (state.range(2) != 0) {
+    const auto [a, b] = two_cpus();
+    apart = a >= 0 && pin_threads_named("kvfuse-load", a) == 2 && pin_threads_named("kvfuse-state", b) == 1;
+  }
 
-  // Warm-up, and proof that the legs really move the bytes.
+  // Warm-up, and proof that both legs move the bytes.
   CompletionRecord rec;
-  timed_load(rig.serial, rig.serial_group, rig.joint, rec);
-  if (!kv_ok(rec) || !state_ok(rec) || !rig.bytes_arrived()) {
+  (void)timed_load(rig.serial, rig.serial_group, rig.joint, rec);
+  const bool warm = kv_ok(rec) && state_ok(rec) && rig.bytes_arrived();
+  (void)timed_load(rig.k3, rig.k3_group, rig.joint, rec);
+  if (!warm || !kv_ok(rec) || !state_ok(rec)) {
     state.SkipWithError("warm-up joint load failed");
     return;
   }
@@ -319,6 +391,7 @@ void BM_JointLoad(benchmark::State& state) {
   }
   if (!ok) state.SkipWithError("a load did not report kv ok / state restored");
   const double longer = std::max(kv.median(), st.median());
+  state.counters["apart"] = apart ? 1 : 0;
   state.counters["kv_ms"] = 1e3 * kv.median();
   state.counters["state_ms"] = 1e3 * st.median();
   state.counters["joint_ms"] = 1e3 * joint.median();
@@ -327,20 +400,22 @@ void BM_JointLoad(benchmark::State& state) {
   state.counters["serial_over_max"] = serial.median() / longer;
 }
 BENCHMARK(BM_JointLoad)
-    ->ArgNames({"delay_us", "leg_KiB"})
-    ->Args({2000, 64})
-    ->Args({0, 8192})
+    ->ArgNames({"delay_us", "leg_KiB", "apart"})
+    ->Args({2000, 64, 0})
+    ->Args({0, 16384, 0})
+    ->Args({0, 16384, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
-// ---- 3: dense connector against a hand-written load ---------------------------------------
+// ---- 3: the dense connector against a hand-written load --------------------------------------
 
 using HostTier = MemoryTier<HostRuntime>;
 using Dense = DenseConnector<HostTier, BellGroup, HostRuntime>;
 
-/// A dense rank: `chunks` tier chunks of 256 tokens, `token_bytes` per token, 16-token blocks.
-/// The block table is a fixed permutation of runs of `run` consecutive blocks, as a paged
-/// allocator hands them out after some churn (run = 16: each chunk is one contiguous run).
+/// A dense rank over a MemoryTier whose memory comes from the runtime's pinned allocator:
+/// `chunks` tier chunks of 256 tokens, `token_bytes` per token, 16-token blocks. The block
+/// table is a fixed permutation of runs of `run` consecutive blocks, as a paged allocator
+/// hands them out after some churn (run >= the blocks of the load: all in order).
 struct DenseRig {
   HostRuntime rt;
   RankGeometry geo;
@@ -371,21 +446,21 @@ struct DenseRig {
     KvSpec kv;
     kv.hbm = 0;
     kv.end = TokenCount{chunks} * geo.chunk_tokens;
-    const std::uint32_t runs = geo.num_blocks / run;
-    const std::uint32_t stride = runs > 1 ? 37 % runs : 0;  // 37 is odd: a permutation of power-of-two run counts
+    const std::uint32_t runs = std::max<std::uint32_t>(1, geo.num_blocks / run);
+    const std::uint32_t stride = 37 % runs;  // odd: a permutation when runs is a power of two
     for (std::uint32_t i = 0; i < geo.num_blocks; ++i) {
-      const std::uint32_t r = stride == 0 ? i / run : (i / run) * stride % runs;
-      kv.blocks.push_back(BlockId{r * run + i % run});
+      const std::uint32_t r = runs == 1 ? 0 : (i / run) * stride % runs;
+      kv.blocks.push_back(BlockId{runs == 1 ? i : r * run + i % run});
     }
     for (std::uint32_t c = 0; c < chunks; ++c) {
       kv.chunk_keys.push_back(PrefixHash{0x5000 + c});
-      tier.put(tier_key(geo, kv.chunk_keys.back(), EntryKind::kv_chunk), pattern(geo.chunk_bytes(), c));
+      (void)tier.put(tier_key(geo, kv.chunk_keys.back(), EntryKind::kv_chunk), pattern(geo.chunk_bytes(), c));
     }
     request = LoadRequest{LoadKey{RequestId{1}, Generation{1}}, std::move(kv), std::nullopt};
   }
 
   /// True if every block holds its chunk's bytes (checked once, untimed).
-  bool bytes_arrived() const {
+  [[nodiscard]] bool bytes_arrived() const {
     const std::size_t bb = geo.block_bytes(), per_chunk = geo.chunk_tokens / geo.block_tokens;
     for (std::size_t c = 0; c < request.kv->chunk_keys.size(); ++c) {
       const auto expect = pattern(geo.chunk_bytes(), c);
@@ -400,8 +475,8 @@ struct DenseRig {
 
 /// What an engine developer writes without kvfuse, on the thread that wants the bytes: per
 /// chunk, get it from the tier, copy each run of consecutive blocks out of it, wait for the
-/// copies (the tier's view must outlive them), next chunk. The same work as PagedKv::load,
-/// minus the lane hop, the spec checks and the record.
+/// copies (the tier's view must outlive them), next chunk. The work of PagedKv::load,
+/// without the lane hop, the spec checks and the record.
 bool hand_written_load(HostTier& tier, HostRuntime& rt, HostRuntime::Stream& stream, const RankGeometry& g,
                        const KvSpec& spec, std::byte* pool) noexcept {
   const std::size_t block_bytes = g.block_bytes();
@@ -423,21 +498,19 @@ bool hand_written_load(HostTier& tier, HostRuntime& rt, HostRuntime::Stream& str
   return true;
 }
 
-/// The same, but it keeps every chunk's view alive and synchronizes once at the end: the
-/// cost of PagedKv's per-chunk synchronize, for a threaded stream (informative).
-template <std::size_t MaxChunks>
+constexpr std::size_t kMaxDenseChunks = 64;
+
+/// The same, keeping every chunk's view alive and synchronizing once at the end: how much
+/// PagedKv's per-chunk synchronize costs (informative; it matters for threaded streams).
 bool hand_written_load_one_sync(HostTier& tier, HostRuntime& rt, HostRuntime::Stream& stream, const RankGeometry& g,
                                 const KvSpec& spec, std::byte* pool) noexcept {
-  std::array<TierView, MaxChunks> views;
+  std::array<TierView, kMaxDenseChunks> views;
   const std::size_t block_bytes = g.block_bytes();
   const std::size_t per_chunk = g.chunk_tokens / g.block_tokens;
-  bool ok = spec.chunk_keys.size() <= MaxChunks;
+  bool ok = spec.chunk_keys.size() <= kMaxDenseChunks;
   for (std::size_t c = 0; ok && c < spec.chunk_keys.size(); ++c) {
     views[c] = tier.get(tier_key(g, spec.chunk_keys[c], EntryKind::kv_chunk), {});
-    if (!views[c].hit() || views[c].bytes().size() != g.chunk_bytes()) {
-      ok = false;
-      break;
-    }
+    ok = views[c].hit() && views[c].bytes().size() == g.chunk_bytes();
     const BlockId* ids = spec.blocks.data() + c * per_chunk;
     for (std::size_t i = 0; ok && i < per_chunk;) {
       std::size_t run = 1;
@@ -450,24 +523,24 @@ bool hand_written_load_one_sync(HostTier& tier, HostRuntime& rt, HostRuntime::St
   return rt.synchronize(stream) && ok;  // every view outlives every copy
 }
 
-constexpr std::uint32_t kDenseChunks = 64;
-
 void BM_DenseVsHandWritten(benchmark::State& state) {
   const bool inline_streams = state.range(0) != 0;
   const auto chunks = static_cast<std::uint32_t>(state.range(1));
-  if (std::getenv("PIN")) pin_to(1);
-  DenseRig rig(inline_streams, 4096, chunks, 4);  // 16 chunks x 1 MiB, blocks of 64 KiB in runs of 4
+  const OneCpu pin(state.range(2) != 0);  // before the rig: its threads inherit the pin
+  DenseRig rig(inline_streams, 4096, chunks, 4);  // 1 MiB chunks, 64 KiB blocks in runs of 4
   HostRuntime::Stream stream = rig.rt.make_stream();
-  if (std::getenv("PIN")) pin_to(0);
   const KvSpec& spec = *rig.request.kv;
 
   CompletionRecord rec;
-  timed_load(rig.conn, rig.group, rig.request, rec);
+  (void)timed_load(rig.conn, rig.group, rig.request, rec);
   const bool conn_ok = kv_ok(rec) && rig.bytes_arrived();
   std::memset(rig.blocks.data(), 0, rig.blocks.size());
-  const bool hand_ok = hand_written_load(rig.tier, rig.rt, stream, rig.geo, spec, rig.blocks.data()) &&
-                       rig.bytes_arrived();
-  if (!conn_ok || !hand_ok) {
+  const bool hand_ok =
+      hand_written_load(rig.tier, rig.rt, stream, rig.geo, spec, rig.blocks.data()) && rig.bytes_arrived();
+  std::memset(rig.blocks.data(), 0, rig.blocks.size());
+  const bool one_ok =
+      hand_written_load_one_sync(rig.tier, rig.rt, stream, rig.geo, spec, rig.blocks.data()) && rig.bytes_arrived();
+  if (!conn_ok || !hand_ok || !one_ok) {
     state.SkipWithError("warm-up load did not move the bytes");
     return;
   }
@@ -491,7 +564,7 @@ void BM_DenseVsHandWritten(benchmark::State& state) {
       ok = ok && kv_ok(rec);
     }
     t0 = Clock::now();
-    ok = hand_written_load_one_sync<kDenseChunks>(rig.tier, rig.rt, stream, rig.geo, spec, rig.blocks.data()) && ok;
+    ok = hand_written_load_one_sync(rig.tier, rig.rt, stream, rig.geo, spec, rig.blocks.data()) && ok;
     one_sync.add(seconds_since(t0));
     conn.add(c);
     state.SetIterationTime(c);
@@ -499,28 +572,37 @@ void BM_DenseVsHandWritten(benchmark::State& state) {
   if (!ok) state.SkipWithError("a load failed");
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(chunks * rig.geo.chunk_bytes()));
+  state.counters["pinned"] = pin.pinned() ? 1 : 0;
   state.counters["hand_ms"] = 1e3 * hand.median();
   state.counters["conn_ms"] = 1e3 * conn.median();
-  state.counters["one_sync_ms"] = 1e3 * one_sync.median();
+  state.counters["overhead_us"] = 1e6 * (conn.median() - hand.median());
   state.counters["conn_over_hand"] = conn.median() / hand.median();
   state.counters["hand_over_one_sync"] = hand.median() / one_sync.median();
 }
-BENCHMARK(BM_DenseVsHandWritten)->ArgNames({"inline","chunks"})->Args({1,1})->Args({1,4})->Args({1,16})->Args({1,64})->Args({0,16})->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DenseVsHandWritten)
+    ->ArgNames({"inline", "chunks", "one_cpu"})
+    ->Args({1, 64, 1})
+    ->Args({1, 16, 1})
+    ->Args({1, 64, 0})
+    ->Args({0, 64, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
-// ---- 4: a 64 MiB memory-tier hit against memcpy -------------------------------------------
+// ---- 4: a 64 MiB memory-tier hit against memcpy ----------------------------------------------
 
 constexpr std::size_t kHitBytes = std::size_t{64} << 20;
 
 void BM_LoadVsMemcpy64MiB(benchmark::State& state) {
   const bool inline_streams = state.range(0) != 0;
-  // 16 chunks x 4 MiB, 256 blocks of 256 KiB in order: each chunk is one copy.
+  const OneCpu pin(state.range(1) != 0);
+  // 16 chunks x 4 MiB into 256 blocks of 256 KiB in order: each chunk is one copy.
   DenseRig rig(inline_streams, 16384, kHitBytes / (std::size_t{4} << 20), 256);
   Buffer src(rig.rt, kHitBytes, false);
   Buffer dst(rig.rt, kHitBytes, true);
   std::memset(src.data(), 0x5a, src.size());
 
   CompletionRecord rec;
-  timed_load(rig.conn, rig.group, rig.request, rec);
+  (void)timed_load(rig.conn, rig.group, rig.request, rec);
   if (!kv_ok(rec) || !rig.bytes_arrived()) {
     state.SkipWithError("warm-up load did not move the bytes");
     return;
@@ -549,41 +631,52 @@ void BM_LoadVsMemcpy64MiB(benchmark::State& state) {
   }
   if (!ok) state.SkipWithError("a load failed");
   state.SetBytesProcessed(static_cast<std::int64_t>(kHitBytes) * static_cast<std::int64_t>(state.iterations()));
+  state.counters["pinned"] = pin.pinned() ? 1 : 0;
   state.counters["memcpy_GBps"] = static_cast<double>(kHitBytes) / copy.median() / 1e9;
   state.counters["load_GBps"] = static_cast<double>(kHitBytes) / load.median() / 1e9;
   state.counters["load_over_memcpy"] = copy.median() / load.median();  // bytes/s over bytes/s
 }
-BENCHMARK(BM_LoadVsMemcpy64MiB)->ArgName("inline")->Arg(1)->Arg(0)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LoadVsMemcpy64MiB)
+    ->ArgNames({"inline", "one_cpu"})
+    ->Args({1, 1})
+    ->Args({0, 1})
+    ->Args({1, 0})
+    ->Args({0, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
-// ---- the summary --------------------------------------------------------------------------
+// ---- the summary ---------------------------------------------------------------------------
 
 /// Prints the usual table and keeps every run's counters for the summary.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
   RatioReporter() : ConsoleReporter(OO_Tabular) {}
-  std::map<std::string, std::map<std::string, double>> counters;
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& run : runs) {
       if (run.error_occurred || run.run_type != Run::RT_Iteration) continue;
-      for (const auto& [name, counter] : run.counters) counters[run.run_name.str()][name] = counter.value;
+      for (const auto& [name, counter] : run.counters) counters_[run.run_name.str()][name] = counter.value;
     }
   }
-  /// The counter `name` of the run whose name starts with `run`, or a negative number.
-  double get(const std::string& run, const std::string& name) const {
-    for (const auto& [run_name, values] : counters)
+  /// The counter `name` of the run whose name starts with `run`; negative if it did not run.
+  [[nodiscard]] double get(const std::string& run, const std::string& name) const {
+    for (const auto& [run_name, values] : counters_)
       if (run_name.rfind(run, 0) == 0)
         if (const auto it = values.find(name); it != values.end()) return it->second;
     return -1;
   }
+
+ private:
+  std::map<std::string, std::map<std::string, double>> counters_;
 };
 
-void line(const char* what, double value, const char* target, bool pass) {
+/// One summary line; `target` empty for an informative ratio.
+void line(const char* what, double value, const char* target = "", bool pass = true) {
   if (value < 0) {
-    std::printf("  %-58s   n/a  (did not run)\n", what);
+    std::printf("  %-66s    n/a  (did not run)\n", what);
     return;
   }
-  std::printf("  %-58s %6.3f  %-9s %s\n", what, value, target, target[0] == '\0' ? "" : (pass ? "PASS" : "MISS"));
+  std::printf("  %-66s %6.3f  %-8s %s\n", what, value, target, target[0] == '\0' ? "" : (pass ? "PASS" : "MISS"));
 }
 
 }  // namespace
@@ -592,29 +685,39 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   // The tier delay is a sleep: with the default 50 us timer slack a "2 ms" get would take
-  // 2.00-2.05 ms at random. Lane threads inherit the slack of the thread that starts them.
+  // anything in 2.00-2.05 ms. Lane threads inherit the slack of the thread that starts them.
   (void)prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
   RatioReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
 
-  const auto& r = reporter;
-  const std::string lat = "BM_JointLoad/delay_us:2000/", bw = "BM_JointLoad/delay_us:0/";
-  std::printf("\n== connector load path: ratios from this run (DESIGN.md section 6) ==\n");
+  const RatioReporter& r = reporter;
+  const std::string lat = "BM_JointLoad/delay_us:2000/", bw = "BM_JointLoad/delay_us:0/leg_KiB:16384/";
+  const std::string dense = "BM_DenseVsHandWritten/", hit = "BM_LoadVsMemcpy64MiB/";
+  std::printf("\n== connector load path: medians from this run (DESIGN.md section 6) ==\n");
   const double j = r.get(lat, "joint_over_max");
-  line("joint / max(kv, state), 2 ms tier latency per get", j, "<= 1.10", j <= 1.10);
-  line("serialized (one lane) / max(kv, state), same legs", r.get(lat, "serial_over_max"), "", true);
-  line("joint / max(kv, state), two 8 MiB memcpy legs (shared bus)", r.get(bw, "joint_over_max"), "", true);
-  line("serialized / max(kv, state), same memcpy legs", r.get(bw, "serial_over_max"), "", true);
-  const double z = r.get("BM_DenseVsHandWritten/inline:1/", "conn_over_hand");
-  line("dense connector / hand-written load, 16 x 1 MiB, inline", z, "<= 1.02", z <= 1.02);
-  line("dense connector / hand-written load, 16 x 1 MiB, threaded", r.get("BM_DenseVsHandWritten/inline:0/", "conn_over_hand"),
-       "", true);
-  line("hand-written per-chunk sync / one sync, threaded streams",
-       r.get("BM_DenseVsHandWritten/inline:0/", "hand_over_one_sync"), "", true);
-  const double b = r.get("BM_LoadVsMemcpy64MiB/inline:1/", "load_over_memcpy");
-  line("load-path / memcpy bytes/s, 64 MiB hit, inline stream", b, ">= 0.90", b >= 0.90);
-  line("load-path / memcpy bytes/s, 64 MiB hit, threaded stream", r.get("BM_LoadVsMemcpy64MiB/inline:0/", "load_over_memcpy"),
-       "", true);
+  line("joint / max(kv, state), 2 ms tier latency per get, K3", j, "<= 1.10", j <= 1.10);
+  line("serialized (after_kv, one lane) / max(kv, state), same legs", r.get(lat, "serial_over_max"));
+  line("joint / max(kv, state), two 16 MiB memcpy legs, OS placement", r.get(bw + "apart:0/", "joint_over_max"));
+  line("joint / max(kv, state), two 16 MiB memcpy legs, lanes on 2 CPUs", r.get(bw + "apart:1/", "joint_over_max"));
+  line("serialized / max(kv, state), same memcpy legs", r.get(bw + "apart:0/", "serial_over_max"));
+  const double z = r.get(dense + "inline:1/chunks:64/one_cpu:1/", "conn_over_hand");
+  line("dense connector / hand-written, 64 x 1 MiB, inline, one CPU", z, "<= 1.02", z <= 1.02);
+  line("dense connector / hand-written, 16 x 1 MiB, inline, one CPU",
+       r.get(dense + "inline:1/chunks:16/", "conn_over_hand"));
+  line("dense connector / hand-written, 64 x 1 MiB, inline, OS placement",
+       r.get(dense + "inline:1/chunks:64/one_cpu:0/", "conn_over_hand"));
+  line("dense connector / hand-written, 64 x 1 MiB, threaded, OS placement",
+       r.get(dense + "inline:0/chunks:64/one_cpu:0/", "conn_over_hand"));
+  line("hand-written sync per chunk / sync once, threaded, OS placement",
+       r.get(dense + "inline:0/chunks:64/one_cpu:0/", "hand_over_one_sync"));
+  const double b = r.get(hit + "inline:1/one_cpu:1/", "load_over_memcpy");
+  line("load-path / memcpy bytes/s, 64 MiB hit, inline stream, one CPU", b, ">= 0.90", b >= 0.90);
+  line("load-path / memcpy bytes/s, 64 MiB hit, threaded stream, one CPU",
+       r.get(hit + "inline:0/one_cpu:1/", "load_over_memcpy"));
+  line("load-path / memcpy bytes/s, 64 MiB hit, inline stream, OS placement",
+       r.get(hit + "inline:1/one_cpu:0/", "load_over_memcpy"));
+  line("load-path / memcpy bytes/s, 64 MiB hit, threaded stream, OS placement",
+       r.get(hit + "inline:0/one_cpu:0/", "load_over_memcpy"));
   return 0;
 }

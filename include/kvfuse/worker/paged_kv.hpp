@@ -40,22 +40,19 @@ inline Reason check_kv_save(const KvSave& save, const RankGeometry& geo) noexcep
 }
 
 namespace detail {
-/// Copies `count` consecutive logical blocks between a contiguous buffer and the block pool,
-/// one copy per run of physically consecutive block ids (an allocator that hands out
-/// contiguous blocks gets one copy per chunk). `to_blocks` picks the direction.
-template <Runtime R>
-bool copy_block_runs(LaneContext<R>& lane, const BlockId* ids, std::size_t count, std::byte* buffer,
-                     bool to_blocks) noexcept {
-  const std::size_t block_bytes = lane.geometry.block_bytes();
+/// Calls `copy(device, offset, bytes)` once per run of physically consecutive block ids
+/// among `count` logical blocks, `offset` being the run's byte offset in the contiguous
+/// host-side buffer; an allocator that hands out contiguous blocks gets one copy per
+/// chunk. Stops and returns false at the first copy that fails.
+template <class Copy>
+bool for_each_block_run(const RankGeometry& geo, std::byte* kv_blocks, const BlockId* ids, std::size_t count,
+                        Copy&& copy) noexcept {
+  const std::size_t block_bytes = geo.block_bytes();
   std::size_t i = 0;
   while (i < count) {
     std::size_t run = 1;
     while (i + run < count && ids[i + run].value == ids[i].value + run) ++run;
-    std::byte* device = lane.memory.kv_blocks + std::size_t{ids[i].value} * block_bytes;
-    std::byte* host = buffer + i * block_bytes;
-    const bool queued = to_blocks ? lane.runtime.copy_async(device, host, run * block_bytes, lane.stream)
-                                  : lane.runtime.copy_async(host, device, run * block_bytes, lane.stream);
-    if (!queued) return false;
+    if (!copy(kv_blocks + std::size_t{ids[i].value} * block_bytes, i * block_bytes, run * block_bytes)) return false;
     i += run;
   }
   return true;
@@ -91,9 +88,13 @@ class PagedKv {
       const TokenCount hi = std::min(spec.end, chunk_start + geo.chunk_tokens);
       const std::size_t block_offset = lo / geo.block_tokens - first_block;
       const std::size_t block_count = (hi - lo) / geo.block_tokens;
-      auto* src = const_cast<std::byte*>(view.bytes().data()) + (lo - chunk_start) * geo.kv_bytes_per_token;
-      if (!detail::copy_block_runs(lane, spec.blocks.data() + block_offset, block_count, src, true) ||
-          !lane.runtime.synchronize(lane.stream))  // the view must outlive the copy
+      const std::byte* src = view.bytes().data() + (lo - chunk_start) * geo.kv_bytes_per_token;
+      const bool copied = detail::for_each_block_run(
+          geo, lane.memory.kv_blocks, spec.blocks.data() + block_offset, block_count,
+          [&](std::byte* block, std::size_t offset, std::size_t bytes) noexcept {
+            return lane.runtime.copy_async(block, src + offset, bytes, lane.stream);
+          });
+      if (!copied || !lane.runtime.synchronize(lane.stream))  // the view must outlive the copy
         return {false, Reason::kv_transfer_failed};
       lane.chunk_mask[i] = 1;
     }
@@ -110,10 +111,15 @@ class PagedKv {
     const std::size_t blocks_per_chunk = geo.chunk_tokens / geo.block_tokens;
     bool stored = true;
     for (std::size_t i = 0; i < save.chunk_keys.size(); ++i) {
-      if (!detail::copy_block_runs(lane, save.blocks.data() + i * blocks_per_chunk, blocks_per_chunk,
-                                   lane.staging.data(), false) ||
-          !lane.runtime.synchronize(lane.stream))
-        return {false, true, Reason::kv_transfer_failed};
+      const bool copied = detail::for_each_block_run(
+          geo, lane.memory.kv_blocks, save.blocks.data() + i * blocks_per_chunk, blocks_per_chunk,
+          [&](std::byte* block, std::size_t offset, std::size_t bytes) noexcept {
+            return lane.runtime.copy_async(lane.staging.data() + offset, block, bytes, lane.stream);
+          });
+      // The source is released only once no gather can still be reading it: after a
+      // synchronize that succeeded (a failed enqueue may follow earlier ones in flight).
+      const bool drained = lane.runtime.synchronize(lane.stream);
+      if (!copied || !drained) return {false, drained, Reason::kv_transfer_failed};
       stored = tier_->put(key_for(geo, save.chunk_keys[i]), lane.staging.first(geo.chunk_bytes())) && stored;
     }
     return {stored, true, stored ? Reason::none : Reason::kv_transfer_failed};

@@ -46,12 +46,16 @@ bool scatter_into_slot(LaneContext<R>& lane, SlotId slot, const std::byte* src) 
          lane.runtime.synchronize(lane.stream);
 }
 
-/// Gathers a slot into the front of staging; the source is free once this returns true.
+/// Gathers a slot into `dst` and waits for it. The verdict to report if it failed, with
+/// source_released true only when no copy can still be reading the slot: the one copy
+/// was never enqueued, or the stream drained.
 template <Runtime R>
-bool gather_slot(LaneContext<R>& lane, SlotId slot, std::byte* dst) noexcept {
+std::optional<SaveVerdict> gather_slot(LaneContext<R>& lane, SlotId slot, std::byte* dst) noexcept {
   const std::byte* src = lane.memory.slots + std::size_t{slot.value} * lane.geometry.slot_bytes;
-  return lane.runtime.copy_async(dst, src, lane.geometry.slot_bytes, lane.stream) &&
-         lane.runtime.synchronize(lane.stream);
+  if (!lane.runtime.copy_async(dst, src, lane.geometry.slot_bytes, lane.stream))
+    return SaveVerdict{false, true, Reason::state_transfer_failed};
+  if (!lane.runtime.synchronize(lane.stream)) return SaveVerdict{false, false, Reason::state_transfer_failed};
+  return std::nullopt;
 }
 
 inline StateVerdict verdict_for(GetStatus status) noexcept {
@@ -115,8 +119,7 @@ class RecurrentState {
   template <Runtime R>
   SaveVerdict store(const StateStore& store, LaneContext<R>& lane) const noexcept {
     if (auto refused = detail::refuse_store(tier_, store, lane.geometry.slot_bytes, lane)) return *refused;
-    if (!detail::gather_slot(lane, store.source, lane.staging.data()))
-      return {false, true, Reason::state_transfer_failed};
+    if (auto failed = detail::gather_slot(lane, store.source, lane.staging.data())) return *failed;
     const bool stored = tier_->put(detail::state_key(lane.geometry, store.key.hash),
                                    lane.staging.first(lane.geometry.slot_bytes));
     return {stored, true, stored ? Reason::none : Reason::state_transfer_failed};
@@ -171,8 +174,7 @@ class SlotState {
     if (auto refused = detail::refuse_store(tier_, store, total, lane)) return *refused;
     const SlotSidecar sidecar{store.key.hash.value, store.boundary_tokens, lane.geometry.slot_bytes};
     std::memcpy(lane.staging.data(), &sidecar, sizeof sidecar);
-    if (!detail::gather_slot(lane, store.source, lane.staging.data() + sizeof sidecar))
-      return {false, true, Reason::state_transfer_failed};
+    if (auto failed = detail::gather_slot(lane, store.source, lane.staging.data() + sizeof sidecar)) return *failed;
     const bool stored = tier_->put(detail::state_key(lane.geometry, store.key.hash), lane.staging.first(total));
     return {stored, true, stored ? Reason::none : Reason::state_transfer_failed};
   }
