@@ -37,7 +37,7 @@ test-tsan:
 
 bench: deps
 	cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) -DKVFUSE_BUILD_BENCH=ON
-	cmake --build build/release -j $(JOBS)
+	cmake --build build/release --target kvfuse_benchmarks -j $(JOBS)
 	bench/run.sh build/release/bench
 
 clean:

@@ -464,3 +464,43 @@ TEST_CASE("R19 a bad geometry is a typed error naming the value") {
     CHECK(std::string(e.what()).find("40") != std::string::npos);
   }
 }
+
+TEST_CASE("PagedKv retrieve reports a per-chunk mask; the KV leg is ok only if every chunk arrived") {
+  HostRuntime rt;
+  const RankGeometry geo = small_geometry(0, 1);
+  DevicePools<HostRuntime> pools(rt, geo);
+  Mem tier(1 << 20);
+  auto stream = rt.make_stream();
+  std::vector<std::byte> staging(geo.chunk_bytes());
+  std::vector<std::uint8_t> mask(geo.max_chunks_per_load, 7);
+  LaneContext<HostRuntime> lane{rt, stream, staging, mask, geo, pools.memory()};
+  const auto keys = chunk_keys(3, 3);
+  const PagedKv<Mem> leg(tier);
+  auto put_chunk = [&](std::size_t i) {
+    std::vector<std::byte> bytes(geo.chunk_bytes(), std::byte(i + 1));
+    REQUIRE(tier.put(TierKey{geo.model, keys[i], 1, 0, EntryKind::kv_chunk}, bytes));
+  };
+  const KvSpec spec{0, 3 * geo.chunk_tokens, keys, block_range(0, 12)};
+  auto as_vector = [](std::span<const std::uint8_t> m) { return std::vector<std::uint8_t>(m.begin(), m.end()); };
+
+  put_chunk(0);
+  put_chunk(2);
+  RetrieveResult r = leg.retrieve(spec, lane);
+  CHECK(as_vector(r.mask) == std::vector<std::uint8_t>{1, 0, 0});  // stops at the hole in the prefix
+  CHECK(r.reason == Reason::kv_chunk_missing);
+  CHECK_FALSE(r.complete());
+  CHECK_FALSE(leg.load(spec, lane).ok);
+
+  put_chunk(1);
+  r = leg.retrieve(spec, lane);
+  CHECK(as_vector(r.mask) == std::vector<std::uint8_t>{1, 1, 1});
+  CHECK(r.complete());
+  CHECK(leg.load(spec, lane).ok);
+  CHECK(pools.block(BlockId{11})[0] == std::byte{3});  // chunk 2 landed in its last block
+
+  KvSpec refused = spec;
+  refused.blocks.pop_back();
+  r = leg.retrieve(refused, lane);
+  CHECK(r.mask.empty());
+  CHECK(r.reason == Reason::invalid_spec);
+}

@@ -59,6 +59,17 @@ bool for_each_block_run(const RankGeometry& geo, std::byte* kv_blocks, const Blo
 }
 }  // namespace detail
 
+/// What a chunked retrieve delivered: one byte per chunk of the spec (1 = arrived), and
+/// why the first missing one is missing. An empty mask means the spec was refused.
+struct RetrieveResult {
+  std::span<const std::uint8_t> mask;
+  Reason reason = Reason::none;
+  /// Every chunk in [hbm, end) arrived.
+  [[nodiscard]] bool complete() const noexcept {
+    return reason == Reason::none && std::all_of(mask.begin(), mask.end(), [](std::uint8_t b) { return b == 1; });
+  }
+};
+
 /// The paged KV leg over one tier. Holds a pointer to the tier, nothing else; the tier must
 /// outlive the Connector. Calls run on one lane thread at a time; the tier is thread-safe.
 template <Tier T>
@@ -67,21 +78,26 @@ class PagedKv {
   using tier_type = T;
   explicit PagedKv(T& tier) noexcept : tier_(&tier) {}
 
-  /// Fills [spec.hbm, spec.end) of the blocks. Stops at the first chunk that did not
-  /// arrive: later chunks of a prefix are useless without it. Noexcept, no allocation.
+  /// Fills [spec.hbm, spec.end) of the blocks and reports which chunks arrived: mask[i]
+  /// is 1 iff chunk i of spec.chunk_keys reached its blocks. Retrieval stops at the first
+  /// chunk that did not arrive (later chunks of a prefix are useless without it), so the
+  /// mask is a run of ones then zeros; `reason` says why the first zero is zero. The mask
+  /// lives in the lane's preallocated chunk mask: valid until the lane's next retrieve.
+  /// Noexcept, no allocation.
   template <Runtime R>
-  KvVerdict load(const KvSpec& spec, LaneContext<R>& lane) const noexcept {
+  RetrieveResult retrieve(const KvSpec& spec, LaneContext<R>& lane) const noexcept {
     const RankGeometry& geo = lane.geometry;
-    if (const Reason refused = check_kv_spec(spec, geo); refused != Reason::none) return {false, refused};
+    if (const Reason refused = check_kv_spec(spec, geo); refused != Reason::none) return {{}, refused};
     const std::uint64_t first_chunk = geo.chunk_grid().chunk_of(spec.hbm);
     const std::uint64_t first_block = geo.block_grid().chunk_of(spec.hbm);
     const std::size_t chunk_count = spec.chunk_keys.size();
-    std::fill_n(lane.chunk_mask.begin(), chunk_count, std::uint8_t{0});
+    const std::span<std::uint8_t> mask = lane.chunk_mask.first(chunk_count);
+    std::fill(mask.begin(), mask.end(), std::uint8_t{0});
 
     for (std::size_t i = 0; i < chunk_count; ++i) {
       const TierView view = tier_->get(key_for(geo, spec.chunk_keys[i]), lane.staging);
-      if (view.status() == GetStatus::miss) return {false, Reason::kv_chunk_missing};
-      if (!view.hit() || view.bytes().size() != geo.chunk_bytes()) return {false, Reason::kv_transfer_failed};
+      if (view.status() == GetStatus::miss) return {mask, Reason::kv_chunk_missing};
+      if (!view.hit() || view.bytes().size() != geo.chunk_bytes()) return {mask, Reason::kv_transfer_failed};
       // The part of chunk c inside [hbm, end), in whole blocks (hbm and end are block aligned).
       const TokenCount chunk_start = (first_chunk + i) * geo.chunk_tokens;
       const TokenCount lo = std::max(spec.hbm, chunk_start);
@@ -95,10 +111,17 @@ class PagedKv {
             return lane.runtime.copy_async(block, src + offset, bytes, lane.stream);
           });
       if (!copied || !lane.runtime.synchronize(lane.stream))  // the view must outlive the copy
-        return {false, Reason::kv_transfer_failed};
-      lane.chunk_mask[i] = 1;
+        return {mask, Reason::kv_transfer_failed};
+      mask[i] = 1;
     }
-    return {true, Reason::none};
+    return {mask, Reason::none};
+  }
+
+  /// The KV leg: ok only if every chunk in [hbm, end) arrived. Noexcept, no allocation.
+  template <Runtime R>
+  KvVerdict load(const KvSpec& spec, LaneContext<R>& lane) const noexcept {
+    const RetrieveResult r = retrieve(spec, lane);
+    return {r.complete(), r.reason};
   }
 
   /// Gathers whole chunks out of the blocks through staging and puts them in the tier.
