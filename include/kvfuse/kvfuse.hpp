@@ -45,3 +45,4 @@
 #include <kvfuse/worker/state_legs.hpp>
 #include <kvfuse/worker/connector.hpp>
 #include <kvfuse/compose/presets.hpp>
+#include <kvfuse/compose/multi.hpp>

@@ -10,6 +10,14 @@ struct NotAStateLeg {
 };
 struct NotAGroup {};
 struct NotARuntime {};
+struct Lmcache {
+  static constexpr std::string_view connector_name = "lmcache";
+  kvfuse::TokenCount matched_tokens(const kvfuse::AdmissionQuery&) noexcept { return 0; }
+  void cancel(kvfuse::RequestId) noexcept {}
+};
+struct Kvfuse : Lmcache {
+  static constexpr std::string_view connector_name = "KVFUSE";
+};
 using Mem = kvfuse::MemoryTier<>;
 }  // namespace
 
@@ -24,6 +32,8 @@ int main() {
   using C = kvfuse::Connector<kvfuse::PagedKv<Mem>, kvfuse::NoState, kvfuse::SingleRank, NotARuntime>;
 #elif KVFUSE_CASE == 5
   using C = kvfuse::Connector<kvfuse::PagedKv<int>, kvfuse::NoState, kvfuse::SingleRank>;
+#elif KVFUSE_CASE == 6
+  using C = kvfuse::Multi<Lmcache, Kvfuse>;  // two spellings of the offload connector (R15)
 #else
   using C = kvfuse::Connector<kvfuse::PagedKv<Mem>, kvfuse::NoState, kvfuse::SingleRank>;  // the control: compiles
 #endif
