@@ -114,22 +114,30 @@ TEST_CASE("R13 the event path orders the save's copy after the producer, without
   CHECK(s.fences == 2);
 }
 
-TEST_CASE("R13 event creation fails: the step falls back to device_synchronize and the saves read the final bytes") {
-  Faulty rt;
-  rt.fail(RuntimeCall::create_event);
+namespace {
+/// Two steps whose event path is broken: each must fall back to device_synchronize, and
+/// its save must still happen, reading the producer's final bytes.
+void save_two_fallback_steps(Faulty& rt, SaveFence<Faulty>& fence, int first_value) {
   auto compute = rt.make_stream();
   auto copy = rt.make_stream();
-  SaveFence<Faulty> fence(rt);
   constexpr std::size_t n = 256 * 1024;
   std::vector<std::byte> source(n, std::byte{0x11});
   for (int step = 0; step < 2; ++step) {
     std::vector<std::byte> saved(n, std::byte{0});
-    Forward forward{&source, static_cast<std::byte>(0x60 + step)};
+    Forward forward{&source, static_cast<std::byte>(first_value + step)};
     CHECK(fenced_save(rt, rt.inner(), fence, compute, copy, forward, saved, /*open_before_step=*/true) ==
           FenceMode::device_synchronized);
     CHECK_FALSE(forward.copy_ran_early.load());
     CHECK(all_equal(saved, forward.final_value));  // the save happened, with the producer's bytes
   }
+}
+}  // namespace
+
+TEST_CASE("R13 event creation fails: the step falls back to device_synchronize and the saves read the final bytes") {
+  Faulty rt;
+  rt.fail(RuntimeCall::create_event);
+  SaveFence<Faulty> fence(rt);
+  save_two_fallback_steps(rt, fence, 0x60);
   const SaveFenceStats s = fence.stats();
   CHECK(s.steps == 2);
   CHECK(s.fallback_steps == 2);
@@ -141,19 +149,8 @@ TEST_CASE("R13 event creation fails: the step falls back to device_synchronize a
 TEST_CASE("R13 event record fails: the step falls back to device_synchronize and the saves read the final bytes") {
   Faulty rt;
   rt.fail(RuntimeCall::record);
-  auto compute = rt.make_stream();
-  auto copy = rt.make_stream();
   SaveFence<Faulty> fence(rt);
-  constexpr std::size_t n = 256 * 1024;
-  std::vector<std::byte> source(n, std::byte{0x11});
-  for (int step = 0; step < 2; ++step) {
-    std::vector<std::byte> saved(n, std::byte{0});
-    Forward forward{&source, static_cast<std::byte>(0x70 + step)};
-    CHECK(fenced_save(rt, rt.inner(), fence, compute, copy, forward, saved, /*open_before_step=*/true) ==
-          FenceMode::device_synchronized);
-    CHECK_FALSE(forward.copy_ran_early.load());
-    CHECK(all_equal(saved, forward.final_value));
-  }
+  save_two_fallback_steps(rt, fence, 0x70);
   const SaveFenceStats s = fence.stats();
   CHECK(s.fallback_steps == 2);
   CHECK(s.record_failures == 2);
