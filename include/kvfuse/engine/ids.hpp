@@ -118,6 +118,7 @@ struct ChunkGrid {
 static_assert(std::is_trivially_copyable_v<LoadKey> && sizeof(LoadKey) == 16);
 static_assert(std::is_trivially_copyable_v<StoreKey> && sizeof(StoreKey) == 16);
 
+/// "{request R, generation G}", for logs and error messages. Thread-safe; allocates.
 inline std::string to_string(LoadKey key) {
   return "{request " + std::to_string(key.request.value) + ", generation " + std::to_string(key.generation.value) + "}";
 }

@@ -66,8 +66,11 @@ class TierView {
   TierView& operator=(const TierView&) = delete;
   ~TierView() { reset(); }
 
+  /// What the get found. The accessors are noexcept; a view belongs to one thread.
   [[nodiscard]] GetStatus status() const noexcept { return status_; }
+  /// The view holds the whole entry.
   [[nodiscard]] bool hit() const noexcept { return status_ == GetStatus::hit; }
+  /// The entry's bytes (empty unless hit); valid while the view lives.
   [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return bytes_; }
 
  private:
