@@ -5,6 +5,7 @@
 
 #include <kvfuse/detail/alloc_counter.hpp>
 
+#include <filesystem>
 #include <functional>
 #include <set>
 #include <stdexcept>
@@ -503,4 +504,85 @@ TEST_CASE("PagedKv retrieve reports a per-chunk mask; the KV leg is ok only if e
   r = leg.retrieve(refused, lane);
   CHECK(r.mask.empty());
   CHECK(r.reason == Reason::invalid_spec);
+}
+
+TEST_CASE("PagedKv synchronizes once for memory-tier hits and before each reuse of staging") {
+  using Faulty = FaultyRuntime<HostRuntime>;
+  Faulty rt;
+  const RankGeometry geo = small_geometry(0, 1);
+  DevicePools<Faulty> pools(rt, geo);
+  auto stream = rt.make_stream();
+  std::vector<std::byte> staging(geo.chunk_bytes());
+  std::vector<std::uint8_t> mask(geo.max_chunks_per_load);
+  std::vector<TierView> views(geo.max_chunks_per_load);
+  LaneContext<Faulty> lane{rt, stream, staging, mask, geo, pools.memory(), views};
+  const auto keys = chunk_keys(4, 3);
+  const KvSpec spec{0, 3 * geo.chunk_tokens, keys, block_range(0, 12)};
+  auto fill = [&](auto& tier) {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      std::vector<std::byte> bytes(geo.chunk_bytes(), std::byte(i + 1));
+      REQUIRE(tier.put(TierKey{geo.model, keys[i], 1, 0, EntryKind::kv_chunk}, bytes));
+    }
+  };
+  auto check_blocks = [&] {
+    for (std::uint32_t b = 0; b < 12; ++b)
+      for (std::size_t j = 0; j < geo.block_bytes(); ++j) REQUIRE(pools.block(BlockId{b})[j] == std::byte(b / 4 + 1));
+  };
+
+  SUBCASE("memory tier: the views stay pinned until one synchronize covers every copy") {
+    Mem tier(1 << 20);
+    fill(tier);
+    const auto before = rt.calls(RuntimeCall::synchronize_stream);
+    CHECK(PagedKv<Mem>(tier).load(spec, lane).ok);
+    CHECK(rt.calls(RuntimeCall::synchronize_stream) - before == 1);
+    check_blocks();
+    CHECK(tier.stats().retired_bytes == 0);  // every held view was released
+  }
+  SUBCASE("disk tier: staging is reused, so each chunk is synchronized before the next read") {
+    const auto dir = std::filesystem::temp_directory_path() / ("kvfuse-paged-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir);
+    {
+      DiskTier tier(dir);
+      fill(tier);
+      const auto before = rt.calls(RuntimeCall::synchronize_stream);
+      CHECK(PagedKv<DiskTier>(tier).load(spec, lane).ok);
+      CHECK(rt.calls(RuntimeCall::synchronize_stream) - before == 3);
+      check_blocks();
+    }
+    std::filesystem::remove_all(dir);
+  }
+  SUBCASE("memory tier: an entry overwritten while its copy is queued is still read whole") {
+    // The stream is held by a host function, so the copies queue up and retrieve blocks in
+    // its one synchronize; meanwhile every entry is overwritten. The held views keep the
+    // old entries alive, so the blocks get the old bytes (ASan would see a freed entry).
+    Mem tier(1 << 20);
+    fill(tier);
+    std::atomic<bool> open{false};
+    REQUIRE(rt.inner().launch_host_func(
+        stream,
+        [](void* flag) noexcept {
+          while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+        },
+        &open));
+    const auto before = rt.calls(RuntimeCall::synchronize_stream);
+    std::atomic<bool> ok{false};
+    std::thread loader([&] { ok = PagedKv<Mem>(tier).load(spec, lane).ok; });
+    while (rt.calls(RuntimeCall::synchronize_stream) == before) std::this_thread::yield();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      std::vector<std::byte> fresh(geo.chunk_bytes(), std::byte{0xee});
+      REQUIRE(tier.put(TierKey{geo.model, keys[i], 1, 0, EntryKind::kv_chunk}, fresh));
+    }
+    open = true;
+    loader.join();
+    CHECK(ok.load());
+    check_blocks();
+  }
+  SUBCASE("a failed synchronize marks none of the batch as arrived") {
+    Mem tier(1 << 20);
+    fill(tier);
+    rt.fail(RuntimeCall::synchronize_stream, 1);
+    const RetrieveResult r = PagedKv<Mem>(tier).retrieve(spec, lane);
+    CHECK(r.reason == Reason::kv_transfer_failed);
+    CHECK(std::vector<std::uint8_t>(r.mask.begin(), r.mask.end()) == std::vector<std::uint8_t>{0, 0, 0});
+  }
 }

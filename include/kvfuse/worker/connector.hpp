@@ -94,6 +94,7 @@ class Connector {
         emitters_(std::move(emitters)),
         staging_(runtime, lane_count, staging_size(geometry_, options)),
         chunk_mask_(geometry_.max_chunks_per_load, 0),
+        held_views_(geometry_.max_chunks_per_load),
         fence_(runtime),
         streams_(make_streams(runtime)),
         load_lane_("kvfuse-load", options.lane_capacity),
@@ -206,10 +207,15 @@ class Connector {
   }
 
   LaneContext<R> context(std::size_t lane) noexcept {
-    // Only the load lane retrieves chunks; the other lanes never touch the mask.
-    return LaneContext<R>{runtime_, streams_[lane], staging_.buffer(lane),
-                          lane == load_lane ? std::span<std::uint8_t>(chunk_mask_) : std::span<std::uint8_t>{},
-                          geometry_, memory_};
+    // Only the load lane retrieves chunks; the other lanes never touch the mask or views.
+    const bool retrieves = lane == load_lane;
+    return LaneContext<R>{runtime_,
+                          streams_[lane],
+                          staging_.buffer(lane),
+                          retrieves ? std::span<std::uint8_t>(chunk_mask_) : std::span<std::uint8_t>{},
+                          geometry_,
+                          memory_,
+                          retrieves ? std::span<TierView>(held_views_) : std::span<TierView>{}};
   }
 
   /// The load lane's task. The state leg of a concurrent joint load is submitted first so
@@ -297,6 +303,7 @@ class Connector {
   Emitters emitters_;
   StagingPool<R> staging_;
   std::vector<std::uint8_t> chunk_mask_;
+  std::vector<TierView> held_views_;  // the load lane's views awaiting one synchronize
   SaveFence<R> fence_;
   Streams streams_;
   std::atomic<std::uint64_t> loads_{0};

@@ -15,6 +15,7 @@
 #include <kvfuse/device/runtime.hpp>
 #include <kvfuse/engine/load_request.hpp>
 #include <kvfuse/engine/store_request.hpp>
+#include <kvfuse/tier/tier.hpp>
 #include <kvfuse/worker/rank_geometry.hpp>
 
 namespace kvfuse {
@@ -35,6 +36,9 @@ struct LaneContext {
   std::span<std::uint8_t> chunk_mask;   ///< per-chunk arrival mask, max_chunks_per_load long
   const RankGeometry& geometry;
   DeviceMemory memory;
+  /// Room to keep tier views alive until one synchronize covers all their copies
+  /// (max_chunks_per_load long, allocated with the lane). Empty: synchronize per chunk.
+  std::span<TierView> held_views = {};
 };
 
 /// Result of a KV leg on one rank.

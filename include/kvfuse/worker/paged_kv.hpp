@@ -83,7 +83,11 @@ class PagedKv {
   /// chunk that did not arrive (later chunks of a prefix are useless without it), so the
   /// mask is a run of ones then zeros; `reason` says why the first zero is zero. The mask
   /// lives in the lane's preallocated chunk mask: valid until the lane's next retrieve.
-  /// Noexcept, no allocation.
+  ///
+  /// Copies are synchronized in batches: a view over the tier's own memory (a memory-tier
+  /// hit) is held in lane.held_views while its copies run, and one synchronize covers
+  /// them all; a view over the lane's staging (a disk read) is synchronized before the
+  /// next get reuses staging. Noexcept, no allocation.
   template <Runtime R>
   RetrieveResult retrieve(const KvSpec& spec, LaneContext<R>& lane) const noexcept {
     const RankGeometry& geo = lane.geometry;
@@ -94,10 +98,28 @@ class PagedKv {
     const std::span<std::uint8_t> mask = lane.chunk_mask.first(chunk_count);
     std::fill(mask.begin(), mask.end(), std::uint8_t{0});
 
+    // Chunks [synced, i) have copies queued and not yet synchronized; their views are the
+    // first `held` of held_views. A chunk counts as arrived only after its synchronize.
+    std::size_t synced = 0, held = 0;
+    auto synchronize_up_to = [&](std::size_t i) noexcept {
+      const bool ok = lane.runtime.synchronize(lane.stream);
+      // A stream that cannot say whether its copies finished gets a full device
+      // synchronize before any view is released: never free bytes a copy may still read.
+      if (!ok) (void)lane.runtime.device_synchronize();
+      for (std::size_t v = 0; v < held; ++v) lane.held_views[v] = TierView{};
+      held = 0;
+      if (ok) std::fill(mask.begin() + static_cast<std::ptrdiff_t>(synced), mask.begin() + static_cast<std::ptrdiff_t>(i),
+                        std::uint8_t{1});
+      synced = i;
+      return ok;
+    };
+
     for (std::size_t i = 0; i < chunk_count; ++i) {
-      const TierView view = tier_->get(key_for(geo, spec.chunk_keys[i]), lane.staging);
-      if (view.status() == GetStatus::miss) return {mask, Reason::kv_chunk_missing};
-      if (!view.hit() || view.bytes().size() != geo.chunk_bytes()) return {mask, Reason::kv_transfer_failed};
+      TierView view = tier_->get(key_for(geo, spec.chunk_keys[i]), lane.staging);
+      if (!view.hit() || view.bytes().size() != geo.chunk_bytes()) {
+        const Reason why = view.status() == GetStatus::miss ? Reason::kv_chunk_missing : Reason::kv_transfer_failed;
+        return {mask, synchronize_up_to(i) ? why : Reason::kv_transfer_failed};
+      }
       // The part of chunk c inside [hbm, end), in whole blocks (hbm and end are block aligned).
       const TokenCount chunk_start = (first_chunk + i) * geo.chunk_tokens;
       const TokenCount lo = std::max(spec.hbm, chunk_start);
@@ -110,10 +132,20 @@ class PagedKv {
           [&](std::byte* block, std::size_t offset, std::size_t bytes) noexcept {
             return lane.runtime.copy_async(block, src + offset, bytes, lane.stream);
           });
-      if (!copied || !lane.runtime.synchronize(lane.stream))  // the view must outlive the copy
+      // Whatever happens next, the view must outlive the copies just queued from it.
+      const bool in_staging = view.bytes().data() >= lane.staging.data() &&
+                              view.bytes().data() < lane.staging.data() + lane.staging.size();
+      if (!copied) {
+        (void)synchronize_up_to(i);
         return {mask, Reason::kv_transfer_failed};
-      mask[i] = 1;
+      }
+      if (in_staging || held == lane.held_views.size()) {
+        if (!synchronize_up_to(i + 1)) return {mask, Reason::kv_transfer_failed};
+      } else {
+        lane.held_views[held++] = std::move(view);
+      }
     }
+    if (synced < chunk_count && !synchronize_up_to(chunk_count)) return {mask, Reason::kv_transfer_failed};
     return {mask, Reason::none};
   }
 
