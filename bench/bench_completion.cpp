@@ -98,19 +98,35 @@ TpQuorumConfig quorum_config(std::uint32_t ranks) {
   return c;
 }
 
+/// A quorum of `ranks`, its pump, and one lane per rank; fill() pushes one record per
+/// rank for each of the next keys_per_batch keys.
+struct SingleThreadRig {
+  std::uint32_t ranks;
+  TpQuorum group{quorum_config(ranks)};
+  CountingIndex index;
+  SettlementPump<TpQuorum, CountingIndex> pump{group, index};
+  std::vector<LaneEmitter> lanes = claim();
+  std::uint64_t key = 0;
+  explicit SingleThreadRig(std::uint32_t world) : ranks(world) {}
+  std::vector<LaneEmitter> claim() {
+    std::vector<LaneEmitter> out;
+    for (std::uint32_t r = 0; r < ranks; ++r) out.push_back(group.emitter(r, 0));
+    return out;
+  }
+  void fill() noexcept {
+    for (std::uint64_t k = 0; k < keys_per_batch; ++k, ++key)
+      for (std::uint32_t r = 0; r < ranks; ++r) lanes[r].emit(record(key, r));
+  }
+};
+
 /// Consumer side: the lanes are filled (untimed) with one record per rank per key, then one
 /// pump.step() drains, merges and settles them all (timed).
 void BM_DrainMerge(benchmark::State& state) {
-  const auto ranks = static_cast<std::uint32_t>(state.range(0));
-  TpQuorum group(quorum_config(ranks));
-  CountingIndex index;
-  SettlementPump<TpQuorum, CountingIndex> pump(group, index);
-  std::vector<LaneEmitter> lanes;
-  for (std::uint32_t r = 0; r < ranks; ++r) lanes.push_back(group.emitter(r, 0));
-  std::uint64_t key = 0;
+  SingleThreadRig rig(static_cast<std::uint32_t>(state.range(0)));
+  auto& pump = rig.pump;
+  const std::uint32_t ranks = rig.ranks;
   for (auto _ : state) {
-    for (std::uint64_t k = 0; k < keys_per_batch; ++k, ++key)
-      for (std::uint32_t r = 0; r < ranks; ++r) lanes[r].emit(record(key, r));
+    rig.fill();
     const auto t0 = Clock::now();
     const auto step = pump.step();
     const auto t1 = Clock::now();
@@ -124,16 +140,11 @@ BENCHMARK(BM_DrainMerge)->Arg(1)->Arg(2)->Arg(8)->UseManualTime();
 /// End to end on one thread: every record is pushed through its lane, drained, merged and
 /// settled — the total CPU cost of one record on the completion path.
 void BM_PushDrainMerge(benchmark::State& state) {
-  const auto ranks = static_cast<std::uint32_t>(state.range(0));
-  TpQuorum group(quorum_config(ranks));
-  CountingIndex index;
-  SettlementPump<TpQuorum, CountingIndex> pump(group, index);
-  std::vector<LaneEmitter> lanes;
-  for (std::uint32_t r = 0; r < ranks; ++r) lanes.push_back(group.emitter(r, 0));
-  std::uint64_t key = 0;
+  SingleThreadRig rig(static_cast<std::uint32_t>(state.range(0)));
+  auto& pump = rig.pump;
+  const std::uint32_t ranks = rig.ranks;
   for (auto _ : state) {
-    for (std::uint64_t k = 0; k < keys_per_batch; ++k, ++key)
-      for (std::uint32_t r = 0; r < ranks; ++r) lanes[r].emit(record(key, r));
+    rig.fill();
     const auto step = pump.step();
     if (step.loads.size() != keys_per_batch) state.SkipWithError("not every key settled");
   }

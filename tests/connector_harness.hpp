@@ -6,6 +6,8 @@
 
 #include <kvfuse/kvfuse.hpp>
 
+#include "test_support.hpp"
+
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -134,26 +136,5 @@ bool drain_until(Group& group, RecordLog& log, Pred pred) {
   return true;
 }
 
-/// A one-shot gate a test opens from its own thread; waiters give up after ~10 s so a
-/// broken implementation fails the test instead of hanging it.
-class Gate {
- public:
-  void open() noexcept {
-    open_.store(true);
-    open_.notify_all();
-  }
-  [[nodiscard]] bool is_open() const noexcept { return open_.load(); }
-  bool wait() const noexcept {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!open_.load()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    return true;
-  }
-
- private:
-  std::atomic<bool> open_{false};
-};
 
 }  // namespace kvfuse::testing

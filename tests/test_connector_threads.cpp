@@ -83,11 +83,11 @@ TEST_CASE("R9 in a joint load the two legs run at the same time") {
   Gate kv_started, state_started;
   ScriptedRank rank(ScriptedKv{[&] {
                       kv_started.open();
-                      return KvVerdict{state_started.wait(), Reason::kv_transfer_failed};
+                      return KvVerdict{state_started.pass(), Reason::kv_transfer_failed};
                     }},
                     ScriptedState{[&] {
                       state_started.open();
-                      return kv_started.wait() ? StateVerdict{StateOutcome::restored, Reason::none}
+                      return kv_started.pass() ? StateVerdict{StateOutcome::restored, Reason::none}
                                                : StateVerdict{StateOutcome::failed, Reason::state_transfer_failed};
                     }});
   rank.conn.load(joint_request(1));
@@ -104,11 +104,11 @@ TEST_CASE("R9 the record is emitted only after both legs finished") {
                       return KvVerdict{true, Reason::none};
                     }},
                     ScriptedState{[&] {
-                      (void)release_state.wait();
+                      (void)release_state.pass();
                       return StateVerdict{StateOutcome::missed, Reason::none};
                     }});
   rank.conn.load(joint_request(1));
-  REQUIRE(kv_done.wait());
+  REQUIRE(kv_done.pass());
   settle_a_moment();
   rank.group.drain(rank.log);
   CHECK(rank.log.loads.empty());  // the KV leg is done, the state leg is not: no record yet
@@ -121,16 +121,16 @@ TEST_CASE("R9 the record is emitted only after both legs finished") {
 TEST_CASE("R9 an exception in the KV leg still joins the state leg before reporting") {
   Gate state_started, release_state;
   ScriptedRank rank(ScriptedKv{[&]() -> KvVerdict {
-                      (void)state_started.wait();
+                      (void)state_started.pass();
                       throw std::runtime_error("tier exploded");
                     }},
                     ScriptedState{[&] {
                       state_started.open();
-                      (void)release_state.wait();
+                      (void)release_state.pass();
                       return StateVerdict{StateOutcome::restored, Reason::none};
                     }});
   rank.conn.load(joint_request(1));
-  REQUIRE(state_started.wait());
+  REQUIRE(state_started.pass());
   settle_a_moment();
   rank.group.drain(rank.log);
   CHECK(rank.log.loads.empty());
@@ -144,7 +144,7 @@ TEST_CASE("R9 an exception in the KV leg still joins the state leg before report
 
 TEST_CASE("R9 a state-only load completes while the load lane is busy with another request") {
   Gate release_kv;
-  ScriptedRank rank(ScriptedKv{[&] { return KvVerdict{release_kv.wait(), Reason::kv_transfer_failed}; }},
+  ScriptedRank rank(ScriptedKv{[&] { return KvVerdict{release_kv.pass(), Reason::kv_transfer_failed}; }},
                     ScriptedState{});
   LoadRequest kv_only = joint_request(1);
   kv_only.state.reset();

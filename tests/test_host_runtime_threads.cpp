@@ -1,6 +1,7 @@
 // HostRuntime: streams run in order, events order streams against each other, host waits
 // block, copies are byte-exact, the ring backs off when full, and FaultyRuntime fails
 // what a test arms.
+#include "test_support.hpp"
 #include <doctest/doctest.h>
 
 #include <kvfuse/detail/alloc_counter.hpp>
@@ -25,6 +26,7 @@
 KVFUSE_DEFINE_COUNTING_OPERATOR_NEW();
 
 using namespace kvfuse;
+using namespace kvfuse::testing;
 using namespace std::chrono_literals;
 
 namespace {
@@ -32,37 +34,7 @@ namespace {
 static_assert(Runtime<HostRuntime>);
 static_assert(Runtime<FaultyRuntime<HostRuntime>>);
 
-/// A host-controlled gate: a host function on a stream blocks on it until the test opens it.
-struct Gate {
-  std::mutex m;
-  std::condition_variable cv;
-  bool open_ = false;
-  std::atomic<bool> entered{false};
-  void open() {
-    {
-      std::lock_guard lock(m);
-      open_ = true;
-    }
-    cv.notify_all();
-  }
-  static void pass(void* self) noexcept {
-    auto* g = static_cast<Gate*>(self);
-    g->entered.store(true);
-    std::unique_lock lock(g->m);
-    g->cv.wait(lock, [&] { return g->open_; });
-  }
-};
 
-/// Waits (polling, generous bound) until `pred` holds; returns whether it did.
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds bound = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + bound;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 /// Scheduler state of thread `tid` ('R' running, 'S' sleeping, ...), from /proc.
 char thread_state(long tid) {
@@ -199,7 +171,7 @@ TEST_CASE("host runtime: a stream waiting on an event runs later work only after
   HostRuntime::Event ready, copied;
   REQUIRE(rt.create_event(ready));
   REQUIRE(rt.create_event(copied));
-  REQUIRE(rt.launch_host_func(producer_stream, &Gate::pass, &gate));
+  REQUIRE(rt.launch_host_func(producer_stream, &Gate::host_func, &gate));
   REQUIRE(rt.launch_host_func(producer_stream, &Fill::run, &fill));
   REQUIRE(rt.record(ready, producer_stream));
   REQUIRE(rt.wait(consumer_stream, ready));  // returns at once: a device-side wait
@@ -276,7 +248,7 @@ TEST_CASE("R13 host waits block: synchronize(event), synchronize(stream) and dev
   enum class Wait { event, stream, device };
   for (const Wait kind : {Wait::event, Wait::stream, Wait::device}) {
     Gate gate;
-    REQUIRE(rt.launch_host_func(stream, &Gate::pass, &gate));
+    REQUIRE(rt.launch_host_func(stream, &Gate::host_func, &gate));
     REQUIRE(rt.record(done, stream));
     std::atomic<long> tid{0};
     std::atomic<bool> returned{false};
@@ -308,8 +280,8 @@ TEST_CASE("host runtime: device_synchronize waits for every stream") {
   auto s2 = rt.make_stream();
   auto s3 = rt.make_stream(HostStreamMode::inline_calls);
   Gate g1, g2;
-  REQUIRE(rt.launch_host_func(s1, &Gate::pass, &g1));
-  REQUIRE(rt.launch_host_func(s2, &Gate::pass, &g2));
+  REQUIRE(rt.launch_host_func(s1, &Gate::host_func, &g1));
+  REQUIRE(rt.launch_host_func(s2, &Gate::host_func, &g2));
   std::vector<std::byte> a(1024, std::byte{7}), b1(1024), b2(1024);
   REQUIRE(rt.copy_async(b1.data(), a.data(), a.size(), s1));
   REQUIRE(rt.copy_async(b2.data(), a.data(), a.size(), s2));
@@ -334,7 +306,7 @@ TEST_CASE("host runtime: a full ring makes the caller back off, and nothing is d
   HostRuntime rt(HostRuntimeOptions{.stream_ring_ops = 4});
   auto stream = rt.make_stream();
   Gate gate;
-  REQUIRE(rt.launch_host_func(stream, &Gate::pass, &gate));
+  REQUIRE(rt.launch_host_func(stream, &Gate::host_func, &gate));
   REQUIRE(eventually([&] { return gate.entered.load(); }));
   constexpr int copies = 40;
   std::vector<std::vector<std::byte>> src, dst;
@@ -391,7 +363,7 @@ TEST_CASE("host runtime: an inline stream runs work on the caller and waits bloc
   } fill{&src};
   HostRuntime::Event ready;
   REQUIRE(rt.create_event(ready));
-  REQUIRE(rt.launch_host_func(threaded, &Gate::pass, &gate));
+  REQUIRE(rt.launch_host_func(threaded, &Gate::host_func, &gate));
   REQUIRE(rt.launch_host_func(threaded, &Fill::run, &fill));
   REQUIRE(rt.record(ready, threaded));
   std::thread opener([&] {

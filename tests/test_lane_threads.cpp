@@ -1,5 +1,6 @@
 // Lane and LegLatch: FIFO, back-off without drops, inline tasks (no allocation per
 // submit), a destructor that drains, exceptions that do not kill the lane, and the join.
+#include "test_support.hpp"
 #include <doctest/doctest.h>
 
 #include <kvfuse/detail/alloc_counter.hpp>
@@ -20,39 +21,12 @@
 KVFUSE_DEFINE_COUNTING_OPERATOR_NEW();
 
 using namespace kvfuse;
+using namespace kvfuse::testing;
 using namespace std::chrono_literals;
 
 namespace {
 
-/// A gate a task can block on until the test opens it.
-struct Gate {
-  std::mutex m;
-  std::condition_variable cv;
-  bool open_ = false;
-  std::atomic<bool> entered{false};
-  void open() {
-    {
-      std::lock_guard lock(m);
-      open_ = true;
-    }
-    cv.notify_all();
-  }
-  void pass() {
-    entered.store(true);
-    std::unique_lock lock(m);
-    cv.wait(lock, [&] { return open_; });
-  }
-};
 
-template <class Pred>
-bool eventually(Pred pred, std::chrono::milliseconds bound = 10s) {
-  const auto deadline = std::chrono::steady_clock::now() + bound;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -93,7 +67,7 @@ TEST_CASE("lane: tasks run in submission order on the lane's one thread") {
 TEST_CASE("lane: a full ring makes submit back off; nothing is dropped and order holds") {
   Lane lane("kvfuse-state", 4);
   Gate gate;
-  lane.submit([&gate]() noexcept { gate.pass(); });
+  lane.submit([&gate]() noexcept { (void)gate.pass(); });
   REQUIRE(eventually([&] { return gate.entered.load(); }));
   // The running task keeps its slot; fill the other three, then see try_submit refuse
   // without taking the task.
@@ -151,7 +125,7 @@ TEST_CASE("lane: the destructor runs every queued task, including ones queued by
   {
     Lane lane("kvfuse-store", 8);
     Gate gate;
-    lane.submit([&gate]() noexcept { gate.pass(); });
+    lane.submit([&gate]() noexcept { (void)gate.pass(); });
     std::thread opener([&] {
       CHECK(eventually([&] { return gate.entered.load(); }));
       gate.open();

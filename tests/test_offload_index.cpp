@@ -1,5 +1,6 @@
 // OffloadIndex and LoadTicket: the engine side's one owner (R3 index side, R5, R6, R7,
 // R8, R17, R19 bad input).
+#include "test_support.hpp"
 #include <doctest/doctest.h>
 
 #include <kvfuse/engine/offload_index.hpp>
@@ -14,15 +15,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A clock the test sets by hand (R8: the clock is a policy).
-struct ManualClock {
-  using rep = std::int64_t;
-  using period = std::nano;
-  using duration = std::chrono::nanoseconds;
-  using time_point = std::chrono::time_point<ManualClock>;
-  static inline time_point current{};
-  static time_point now() noexcept { return current; }
-};
+using ManualClock = testing::ManualClock<struct ManualClockTag>;
 
 using Index = OffloadIndex<ManualClock>;
 

@@ -3,6 +3,7 @@
 // reclaim on a manual clock, late reports, re-admission, stores, drains), checked after
 // every step: no slot released twice, no live slot released, every counter identical to
 // the model's, the same resolutions in the same order, no invariant violation.
+#include "test_support.hpp"
 #include <doctest/doctest.h>
 
 #include <kvfuse/engine/offload_index.hpp>
@@ -24,14 +25,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct ModelClock {
-  using rep = std::int64_t;
-  using period = std::nano;
-  using duration = std::chrono::nanoseconds;
-  using time_point = std::chrono::time_point<ModelClock>;
-  static inline time_point current{};
-  static time_point now() noexcept { return current; }
-};
+using ModelClock = testing::ManualClock<struct ModelClockTag>;
 
 using Index = OffloadIndex<ModelClock>;
 

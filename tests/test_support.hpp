@@ -1,0 +1,69 @@
+// Helpers several test files share: a gate a thread (or an emulated stream) blocks on until
+// the test opens it, a bounded poll, and a clock the test sets by hand. Every wait is
+// bounded (10 s by default) so a broken implementation fails its test instead of hanging.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+namespace kvfuse::testing {
+
+/// Waits (polling every millisecond) until `pred` holds or `bound` passes; returns pred().
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds bound = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return pred();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+/// A one-shot gate. `pass()` marks `entered` and sleeps until the test calls `open()`
+/// (or 10 s pass: then it returns false). `host_func` is the same as a HostRuntime host
+/// function, so an emulated stream can be held at a known point.
+class Gate {
+ public:
+  std::atomic<bool> entered{false};
+
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  [[nodiscard]] bool is_open() {
+    std::lock_guard lock(mutex_);
+    return open_;
+  }
+  bool pass() {
+    entered.store(true);
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return open_; });
+  }
+  static void host_func(void* gate) noexcept { (void)static_cast<Gate*>(gate)->pass(); }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+/// A clock the test sets by hand (the index's clock is a policy, R8). `Tag` keeps the
+/// `current` of two test files apart.
+template <class Tag>
+struct ManualClock {
+  using rep = std::int64_t;
+  using period = std::nano;
+  using duration = std::chrono::nanoseconds;
+  using time_point = std::chrono::time_point<ManualClock>;
+  static inline time_point current{};
+  static time_point now() noexcept { return current; }
+};
+
+}  // namespace kvfuse::testing
