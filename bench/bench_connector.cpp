@@ -187,7 +187,7 @@ std::pair<int, int> two_cpus() {
 struct RecordSink {
   CompletionRecord last{};
   void operator()(std::uint32_t, const CompletionRecord& r) noexcept { last = r; }
-  void operator()(std::uint32_t, const StoreRecord&) noexcept {}
+  void operator()(std::uint32_t, const SaveRecord&) noexcept {}
 };
 
 /// SingleRank with a doorbell. Each emit pushes into SingleRank's lane queue as usual, then
@@ -206,7 +206,7 @@ class BellGroup {
       inner_.emit(r);
       ring();
     }
-    void emit(const StoreRecord& r) noexcept {
+    void emit(const SaveRecord& r) noexcept {
       inner_.emit(r);
       ring();
     }
@@ -235,13 +235,15 @@ class BellGroup {
     return inner_.merge(rank, r, admit, sink);
   }
   template <AdmitPolicy Admit, SettlementSink Sink>
-  MergeResult merge(std::uint32_t rank, const StoreRecord& r, Admit& admit, Sink& sink) noexcept {
+  MergeResult merge(std::uint32_t rank, const SaveRecord& r, Admit& admit, Sink& sink) noexcept {
     return inner_.merge(rank, r, admit, sink);
   }
   template <SettlementSink Sink>
   void mark_rank_dead(std::uint32_t rank, Sink& sink) {
     inner_.mark_rank_dead(rank, sink);
   }
+  void mark_rank_alive(std::uint32_t rank, Generation first_counted) { inner_.mark_rank_alive(rank, first_counted); }
+  void forget(const LoadKey& key) noexcept { inner_.forget(key); }
   void set_time(std::chrono::steady_clock::time_point now) noexcept { inner_.set_time(now); }
   [[nodiscard]] GroupStats stats() const noexcept { return inner_.stats(); }
 

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -159,7 +160,6 @@ int main() {
   }
 
   // Phase 1: prefill and save every prompt (KV chunks and the state checkpoint).
-  GenerationSource save_generations;
   std::uint32_t next_block = 0;
   std::size_t saves = 0;
   for (const Prompt& p : prompts) {
@@ -169,10 +169,13 @@ int main() {
     for (std::size_t b = 0; b < nblocks; ++b) ids.push_back(BlockId{next_block++});
     const SlotId s = free_slots.back();
     for (auto& rank : ranks) rank->forward(p, ids, s);
-    const KvSave kv{StoreKey{p.keys.back(), save_generations.next()}, 0, p.keys, ids};
-    const StateStore st{StoreKey{p.state_hash, save_generations.next()}, s, p.boundary};
-    pump.expect_store(kv.key, SaveKind::kv);
-    pump.expect_store(st.key, SaveKind::state);
+    // Saves are ticketed like loads: the index issues the key, so no save reaches a rank
+    // unannounced (a refusal would mean the index could not record it: keep the source).
+    auto kv_save = index.request_save(KvSave{StoreKey{p.keys.back(), {}}, p.keys, ids});
+    auto state_save = index.request_save(StateStore{StoreKey{p.state_hash, {}}, s, p.boundary});
+    if (!kv_save || !state_save) continue;
+    const KvSave kv = kv_save.ticket().dispatch();
+    const StateStore st = state_save.ticket().dispatch();
     auto compute = runtime.make_stream();
     for (auto& rank : ranks) {
       rank->conn.begin_step(compute);  // saves wait for this step's forward (R13)
@@ -185,10 +188,15 @@ int main() {
   std::size_t store_settlements = 0, stored = 0, released = 0;
   while (store_settlements < saves) {
     const auto step = pump.step();
-    for (const StoreSettlement& s : step.stores) {
+    for (const SaveSettlement& s : step.saves) {
+      // Two settlements per save: `released` (every rank's gather is done: the engine may
+      // reuse the blocks and the slot) and then `stored` (every rank's tier holds it).
+      if (s.phase == SavePhase::released) {
+        released += s.ok;
+        continue;
+      }
       ++store_settlements;
-      stored += s.stored;
-      released += s.source_released;
+      stored += s.ok;
     }
     if (step.records == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
@@ -265,10 +273,8 @@ int main() {
   // reclaim the lost one as if its timeout had passed.
   std::map<std::string, std::size_t> outcomes;
   std::size_t verified_bytes = 0, bad_bytes = 0, retracted = 0, resolutions = 0;
-  std::vector<LoadResolution> resolved;
-  auto absorb = [&] {
-    resolved.clear();
-    index.drain_resolutions(resolved);
+  // The scheduler's one stream: every load that ended, however it ended (R6).
+  auto absorb = [&](std::span<const LoadResolution> resolved) {
     for (const LoadResolution& r : resolved) {
       ++resolutions;
       Parked& park = parked.at(r.key);
@@ -288,12 +294,12 @@ int main() {
   const auto deadline = Clock::now() + std::chrono::seconds(30);
   while (index.stats().outstanding > (lost ? 1u : 0u) && Clock::now() < deadline) {
     const auto step = pump.step();
-    absorb();
+    absorb(step.resolutions);
     if (step.records == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
   const auto loads_done = Clock::now();
   const std::size_t reclaimed = index.reclaim(Clock::now() + std::chrono::minutes(10), std::chrono::minutes(5));
-  absorb();
+  absorb(pump.step().resolutions);
   for (auto& rank : ranks) rank->conn.drain();
 
   // Report.
@@ -328,7 +334,7 @@ int main() {
               consistency.ok ? "ok" : consistency.problem.c_str());
   std::printf("quorum  %llu records, %llu settled, pending %llu, late %llu, lane-queue full waits %llu\n",
               static_cast<unsigned long long>(ps.group.records), static_cast<unsigned long long>(ps.group.settled),
-              static_cast<unsigned long long>(ps.group.pending), static_cast<unsigned long long>(ps.late_reports()),
+              static_cast<unsigned long long>(ps.group.pending), static_cast<unsigned long long>(ps.late_reports),
               static_cast<unsigned long long>(ps.group.queues.full_waits));
   const ConnectorStats cs = ranks[0]->conn.stats();
   std::printf("rank 0  %zu lanes, standing staging %zu bytes, %llu loads, %llu saves, %llu fence fallbacks\n", cs.lanes,

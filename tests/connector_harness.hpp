@@ -117,9 +117,9 @@ inline std::vector<BlockId> block_range(std::uint32_t first, std::size_t count) 
 /// Records drained from a group, for tests that look at raw records rather than settlements.
 struct RecordLog {
   std::vector<CompletionRecord> loads;
-  std::vector<StoreRecord> stores;
+  std::vector<SaveRecord> stores;
   void operator()(std::uint32_t, const CompletionRecord& r) noexcept { loads.push_back(r); }
-  void operator()(std::uint32_t, const StoreRecord& r) noexcept { stores.push_back(r); }
+  void operator()(std::uint32_t, const SaveRecord& r) noexcept { stores.push_back(r); }
 };
 
 /// Drains `group` into `log` until `pred()` holds or ~10 s pass (a generous liveness bound,

@@ -15,14 +15,14 @@ namespace {
 /// Collects what a guard emits, in order.
 struct RecordingEmitter {
   std::vector<CompletionRecord> loads;
-  std::vector<StoreRecord> stores;
+  std::vector<SaveRecord> stores;
   void emit(const CompletionRecord& r) noexcept { loads.push_back(r); }
-  void emit(const StoreRecord& r) noexcept { stores.push_back(r); }
+  void emit(const SaveRecord& r) noexcept { stores.push_back(r); }
 };
 
 struct ThrowingEmitEmitter {  // emit may throw: not a RecordEmitter
   void emit(const CompletionRecord&) {}
-  void emit(const StoreRecord&) {}
+  void emit(const SaveRecord&) {}
 };
 struct LoadOnlyEmitter {  // cannot carry store records: not a RecordEmitter
   void emit(const CompletionRecord&) noexcept {}
@@ -35,8 +35,8 @@ static_assert(!RecordEmitter<LoadOnlyEmitter>);
 static_assert(!std::is_copy_constructible_v<CompletionGuard<RecordingEmitter>>);
 static_assert(!std::is_move_constructible_v<CompletionGuard<RecordingEmitter>>);
 static_assert(!std::is_move_assignable_v<CompletionGuard<RecordingEmitter>>);
-static_assert(!std::is_copy_constructible_v<StoreGuard<RecordingEmitter>>);
-static_assert(!std::is_move_constructible_v<StoreGuard<RecordingEmitter>>);
+static_assert(!std::is_copy_constructible_v<SaveGuard<RecordingEmitter>>);
+static_assert(!std::is_move_constructible_v<SaveGuard<RecordingEmitter>>);
 
 const LoadKey key{RequestId{7}, Generation{3}};
 
@@ -74,7 +74,7 @@ TEST_CASE("R1 a successful joint load emits exactly one ok record") {
   RecordingEmitter out;
   load_task(joint_request(), out, Path::success);
   REQUIRE(out.loads.size() == 1);
-  CHECK(out.loads[0] == CompletionRecord{key, 3, KvOutcome::ok, StateOutcome::restored, Reason::none});
+  CHECK(out.loads[0] == CompletionRecord{key, 3, KvOutcome::ok, StateOutcome::restored, Reason::none, Reason::none});
   CHECK(record_ok(out.loads[0]));
   CHECK(out.stores.empty());
 }
@@ -85,7 +85,8 @@ TEST_CASE("R1 an exception thrown mid-leg still emits exactly one failed record"
   REQUIRE(out.loads.size() == 1);
   CHECK(out.loads[0].kv == KvOutcome::ok);                // legs do not gate each other
   CHECK(out.loads[0].state == StateOutcome::failed);      // failed, never missed: retracts nothing
-  CHECK(out.loads[0].reason == Reason::exception);
+  CHECK(out.loads[0].kv_reason == Reason::none);
+  CHECK(out.loads[0].state_reason == Reason::exception);
   CHECK_FALSE(record_ok(out.loads[0]));
 }
 
@@ -95,7 +96,8 @@ TEST_CASE("R1 an early return emits exactly one record, the unrun leg failed") {
   REQUIRE(out.loads.size() == 1);
   CHECK(out.loads[0].kv == KvOutcome::failed);
   CHECK(out.loads[0].state == StateOutcome::failed);
-  CHECK(out.loads[0].reason == Reason::kv_chunk_missing);  // the first problem found
+  CHECK(out.loads[0].kv_reason == Reason::kv_chunk_missing);
+  CHECK(out.loads[0].state_reason == Reason::leg_not_run);  // each leg keeps its own reason
 }
 
 TEST_CASE("R1 a refused state leg emits exactly one record carrying the refusal") {
@@ -104,7 +106,8 @@ TEST_CASE("R1 a refused state leg emits exactly one record carrying the refusal"
   REQUIRE(out.loads.size() == 1);
   CHECK(out.loads[0].kv == KvOutcome::ok);
   CHECK(out.loads[0].state == StateOutcome::refused);
-  CHECK(out.loads[0].reason == Reason::grid_mismatch);
+  CHECK(out.loads[0].kv_reason == Reason::none);
+  CHECK(out.loads[0].state_reason == Reason::grid_mismatch);
   CHECK_FALSE(record_missed_state(out.loads[0]));
 }
 
@@ -114,7 +117,7 @@ TEST_CASE("R1 when only the KV leg ran the record says the state leg did not run
   REQUIRE(out.loads.size() == 1);
   CHECK(out.loads[0].kv == KvOutcome::ok);
   CHECK(out.loads[0].state == StateOutcome::failed);
-  CHECK(out.loads[0].reason == Reason::leg_not_run);
+  CHECK(out.loads[0].state_reason == Reason::leg_not_run);
   CHECK_FALSE(record_ok(out.loads[0]));
 }
 
@@ -125,7 +128,7 @@ TEST_CASE("R1 a guard whose task reported nothing emits one record with safe def
     CHECK(out.loads.empty());  // nothing is emitted before the scope ends
   }
   REQUIRE(out.loads.size() == 1);
-  CHECK(out.loads[0] == CompletionRecord{key, 0, KvOutcome::failed, StateOutcome::failed, Reason::leg_not_run});
+  CHECK(out.loads[0] == CompletionRecord{key, 0, KvOutcome::failed, StateOutcome::failed, Reason::leg_not_run, Reason::leg_not_run});
 }
 
 TEST_CASE("R1 a KV-only and a state-only load report `none` for the leg they do not have") {
@@ -141,8 +144,8 @@ TEST_CASE("R1 a KV-only and a state-only load report `none` for the leg they do 
     guard.state(StateOutcome::restored);
   }
   REQUIRE(out.loads.size() == 2);
-  CHECK(out.loads[0] == CompletionRecord{key, 1, KvOutcome::ok, StateOutcome::none, Reason::none});
-  CHECK(out.loads[1] == CompletionRecord{key, 1, KvOutcome::none, StateOutcome::restored, Reason::none});
+  CHECK(out.loads[0] == CompletionRecord{key, 1, KvOutcome::ok, StateOutcome::none, Reason::none, Reason::none});
+  CHECK(out.loads[1] == CompletionRecord{key, 1, KvOutcome::none, StateOutcome::restored, Reason::none, Reason::none});
   CHECK(record_ok(out.loads[0]));
   CHECK(record_ok(out.loads[1]));
 }
@@ -158,7 +161,29 @@ TEST_CASE("R4 within a guard a failure is never overwritten by a later success")
     guard.state(StateOutcome::failed, Reason::state_transfer_failed);  // the first failure stands
   }
   REQUIRE(out.loads.size() == 1);
-  CHECK(out.loads[0] == CompletionRecord{key, 0, KvOutcome::failed, StateOutcome::missed, Reason::kv_transfer_failed});
+  CHECK(out.loads[0] ==
+        CompletionRecord{key, 0, KvOutcome::failed, StateOutcome::missed, Reason::kv_transfer_failed, Reason::none});
+}
+
+TEST_CASE("R2 a record keeps both legs' reasons when both fail") {
+  RecordingEmitter out;
+  {
+    CompletionGuard guard(joint_request(), 0, out);
+    guard.kv_failed(Reason::kv_chunk_missing);
+    guard.state(StateOutcome::refused, Reason::entry_size_mismatch);
+  }
+  REQUIRE(out.loads.size() == 1);
+  CHECK(out.loads[0].kv_reason == Reason::kv_chunk_missing);
+  CHECK(out.loads[0].state_reason == Reason::entry_size_mismatch);
+}
+
+TEST_CASE("R1 a load with neither leg emits one record, invalid_spec on both") {
+  RecordingEmitter out;
+  { CompletionGuard guard(LoadRequest{}, 4, out); }
+  REQUIRE(out.loads.size() == 1);
+  CHECK(out.loads[0] ==
+        CompletionRecord{LoadKey{}, 4, KvOutcome::none, StateOutcome::none, Reason::invalid_spec, Reason::invalid_spec});
+  CHECK_FALSE(record_ok(out.loads[0]));
 }
 
 TEST_CASE("R2 fail_all after an exception keeps a genuine miss so the hash is still retracted") {
@@ -187,7 +212,7 @@ TEST_CASE("R2 a state leg cannot vanish: `none` on a stateful load is recorded a
   }
   REQUIRE(out.loads.size() == 1);
   CHECK(out.loads[0].state == StateOutcome::failed);
-  CHECK(out.loads[0].reason == Reason::leg_not_run);
+  CHECK(out.loads[0].state_reason == Reason::leg_not_run);
   CHECK_FALSE(record_ok(out.loads[0]));
 }
 
@@ -204,80 +229,97 @@ TEST_CASE("R1 a guard over a lane queue emits one record per dispatch into the l
   struct Collect {
     std::vector<CompletionRecord>* out;
     void operator()(const CompletionRecord& r) noexcept { out->push_back(r); }
-    void operator()(const StoreRecord&) noexcept {}
+    void operator()(const SaveRecord&) noexcept {}
   } collect{&seen};
   CHECK(queue.drain(collect) == 3);
   REQUIRE(seen.size() == 3);
   CHECK(seen[0].kv == KvOutcome::ok);
   CHECK(seen[1].kv == KvOutcome::failed);
-  CHECK(seen[1].reason == Reason::leg_not_run);
+  CHECK(seen[1].kv_reason == Reason::leg_not_run);
   CHECK(seen[2].kv == KvOutcome::ok);
 }
 
-// ---- the store-side guard ----------------------------------------------------------------
+// ---- the save-side guard: two records, released then stored ------------------------------
 
-TEST_CASE("R1 a save that reported nothing emits one record: not stored, source not released") {
+namespace {
+const StoreKey skey{PrefixHash{5}, Generation{9}};
+SaveRecord released(std::uint32_t rank, bool ok = true) {
+  return SaveRecord{skey, rank, SavePhase::released, ok, ok ? Reason::none : Reason::source_unconfirmed};
+}
+}  // namespace
+
+TEST_CASE("R1 a save that reported nothing emits two records: source unconfirmed (pinned), not stored") {
   RecordingEmitter out;
-  { StoreGuard guard(StoreKey{PrefixHash{5}, Generation{9}}, 2, out); }
-  REQUIRE(out.stores.size() == 1);
-  CHECK(out.stores[0] == StoreRecord{StoreKey{PrefixHash{5}, Generation{9}}, 2, false, false, Reason::leg_not_run});
+  { SaveGuard guard(skey, 2, out); }
+  REQUIRE(out.stores.size() == 2);
+  CHECK(out.stores[0] == released(2, false));
+  CHECK(out.stores[1] == SaveRecord{skey, 2, SavePhase::stored, false, Reason::leg_not_run});
   CHECK(out.loads.empty());
 }
 
-TEST_CASE("R1 a successful save emits one record: stored and released") {
+TEST_CASE("R1 a successful save emits released at once, and stored when the scope ends") {
   RecordingEmitter out;
   {
-    StoreGuard guard(StoreKey{PrefixHash{5}, Generation{9}}, 2, out);
+    SaveGuard guard(skey, 2, out);
     guard.release_source();
+    REQUIRE(out.stores.size() == 1);  // early: before the put
+    CHECK(out.stores[0] == released(2));
+    CHECK(guard.source_released());
+    guard.release_source();  // once only
     guard.stored_ok();
+    CHECK(out.stores.size() == 1);
   }
-  REQUIRE(out.stores.size() == 1);
-  CHECK(out.stores[0] == StoreRecord{StoreKey{PrefixHash{5}, Generation{9}}, 2, true, true, Reason::none});
+  REQUIRE(out.stores.size() == 2);
+  CHECK(out.stores[1] == SaveRecord{skey, 2, SavePhase::stored, true, Reason::none});
 }
 
-TEST_CASE("R1 a save that throws after its gather was issued emits one record keeping the source pinned") {
+TEST_CASE("R1 a save that throws after its gather was issued emits two records keeping the source pinned") {
   RecordingEmitter out;
   auto task = [&] {
-    StoreGuard guard(StoreKey{PrefixHash{5}, Generation{9}}, 0, out);
+    SaveGuard guard(skey, 0, out);
     // gather issued here; the exception comes before its completion was observed
     throw LegFailure();
   };
   CHECK_THROWS_AS(task(), LegFailure);
-  REQUIRE(out.stores.size() == 1);
-  CHECK_FALSE(out.stores[0].stored);
-  CHECK_FALSE(out.stores[0].source_released);
-  CHECK(out.stores[0].reason == Reason::exception);
+  REQUIRE(out.stores.size() == 2);
+  CHECK(out.stores[0] == released(0, false));
+  CHECK(out.stores[1].phase == SavePhase::stored);
+  CHECK_FALSE(out.stores[1].ok);
+  CHECK(out.stores[1].reason == Reason::exception);
 }
 
 TEST_CASE("R4 a failed save stays failed and a refused save may release its untouched source") {
   RecordingEmitter out;
   {
-    StoreGuard guard(StoreKey{PrefixHash{5}, Generation{9}}, 0, out);
+    SaveGuard guard(skey, 0, out);
     guard.fail(Reason::no_tier);
     guard.release_source();  // no gather was ever issued
     guard.stored_ok();       // ignored: the failure stands
   }
-  REQUIRE(out.stores.size() == 1);
-  CHECK(out.stores[0] == StoreRecord{StoreKey{PrefixHash{5}, Generation{9}}, 0, false, true, Reason::no_tier});
+  REQUIRE(out.stores.size() == 2);
+  CHECK(out.stores[0] == released(0));
+  CHECK(out.stores[1] == SaveRecord{skey, 0, SavePhase::stored, false, Reason::no_tier});
 }
 
-TEST_CASE("R1 a save verdict applied with set() still yields one record and keeps failures sticky") {
+TEST_CASE("R1 a save verdict applied with set() still yields two records and keeps failures sticky") {
   struct Verdict {
     bool stored = false;
-    bool source_released = false;
     Reason reason = Reason::none;
   };
   RecordingEmitter out;
   {
-    StoreGuard guard(StoreKey{PrefixHash{1}, Generation{1}}, 0, out);
-    guard.set(Verdict{true, true, Reason::none});
+    SaveGuard guard(StoreKey{PrefixHash{1}, Generation{1}}, 0, out);
+    guard.release_source();
+    guard.set(Verdict{true, Reason::none});
   }
   {
-    StoreGuard guard(StoreKey{PrefixHash{1}, Generation{2}}, 0, out);
-    guard.set(Verdict{false, true, Reason::kv_transfer_failed});
-    guard.set(Verdict{true, true, Reason::none});  // a later success does not overwrite the failure
+    SaveGuard guard(StoreKey{PrefixHash{1}, Generation{2}}, 0, out);
+    guard.release_source();
+    guard.set(Verdict{false, Reason::kv_transfer_failed});
+    guard.set(Verdict{true, Reason::none});  // a later success does not overwrite the failure
   }
-  REQUIRE(out.stores.size() == 2);
-  CHECK(out.stores[0] == StoreRecord{StoreKey{PrefixHash{1}, Generation{1}}, 0, true, true, Reason::none});
-  CHECK(out.stores[1] == StoreRecord{StoreKey{PrefixHash{1}, Generation{2}}, 0, false, true, Reason::kv_transfer_failed});
+  REQUIRE(out.stores.size() == 4);
+  CHECK(out.stores[1] == SaveRecord{StoreKey{PrefixHash{1}, Generation{1}}, 0, SavePhase::stored, true, Reason::none});
+  CHECK(out.stores[3] ==
+        SaveRecord{StoreKey{PrefixHash{1}, Generation{2}}, 0, SavePhase::stored, false, Reason::kv_transfer_failed});
 }

@@ -28,7 +28,7 @@ struct ScriptedKv {
   }
   template <Runtime R>
   SaveVerdict save(const KvSave&, LaneContext<R>&) {
-    return {true, true, Reason::none};
+    return {true, Reason::none};
   }
 };
 
@@ -42,7 +42,7 @@ struct ScriptedState {
   }
   template <Runtime R>
   SaveVerdict store(const StateStore&, LaneContext<R>&) {
-    return {true, true, Reason::none};
+    return {true, Reason::none};
   }
 };
 
@@ -138,7 +138,7 @@ TEST_CASE("R9 an exception in the KV leg still joins the state leg before report
   REQUIRE(rank.wait_records(1));
   REQUIRE(rank.log.loads.size() == 1);
   CHECK(rank.log.loads[0].kv == KvOutcome::failed);
-  CHECK(rank.log.loads[0].reason == Reason::exception);
+  CHECK(rank.log.loads[0].kv_reason == Reason::exception);
   CHECK(rank.log.loads[0].state == StateOutcome::restored);
 }
 
@@ -214,10 +214,19 @@ struct RealRank {
     REQUIRE(drain_until(group, log, [&] { return log.loads.size() > before; }));
     return log.loads.back();
   }
-  const StoreRecord& await_store() {
+  /// A save's two records, in the order the rank sent them.
+  struct SaveReport {
+    SaveRecord released;
+    SaveRecord stored;
+  };
+  SaveReport await_save() {
     const std::size_t before = log.stores.size();
-    REQUIRE(drain_until(group, log, [&] { return log.stores.size() > before; }));
-    return log.stores.back();
+    REQUIRE(drain_until(group, log, [&] { return log.stores.size() >= before + 2; }));
+    REQUIRE(log.stores.size() == before + 2);
+    const SaveReport report{log.stores[before], log.stores[before + 1]};
+    CHECK(report.released.phase == SavePhase::released);
+    CHECK(report.stored.phase == SavePhase::stored);
+    return report;
   }
   /// Puts a state entry of `bytes` bytes for `hash` straight into the tier.
   void put_state(PrefixHash hash, std::size_t bytes) {
@@ -228,8 +237,8 @@ struct RealRank {
   /// Saves the prompt's first chunk from blocks 0..3 through the connector.
   void save_chunk(PrefixHash key) {
     pools.write_prompt(block_range(0, 4), pools.geo.chunk_tokens);
-    conn.save_kv(KvSave{StoreKey{key, Generation{99}}, 0, {key}, block_range(0, 4)});
-    REQUIRE(await_store().stored);
+    conn.save_kv(KvSave{StoreKey{key, Generation{99}}, {key}, block_range(0, 4)});
+    REQUIRE(await_save().stored.ok);
   }
 };
 
@@ -295,19 +304,19 @@ TEST_CASE("R11 specs the rank disagrees with are refused with a reason, never cl
   SUBCASE("a slot outside the pool") {
     const auto rec = state_only(state_spec(PrefixHash{5}, SlotId{g.num_slots}));
     CHECK(rec.state == StateOutcome::refused);
-    CHECK(rec.reason == Reason::slot_out_of_range);
+    CHECK(rec.state_reason == Reason::slot_out_of_range);
   }
   SUBCASE("a boundary off the checkpoint grid") {
     const auto rec = state_only(state_spec(PrefixHash{5}, SlotId{1}, 50));
     CHECK(rec.state == StateOutcome::refused);
-    CHECK(rec.reason == Reason::grid_mismatch);
+    CHECK(rec.state_reason == Reason::grid_mismatch);
   }
   SUBCASE("engine grids that differ from the rank's") {
     StateSpec spec = state_spec(PrefixHash{5}, SlotId{1});
     spec.chunk_tokens = 256;
     const auto rec = state_only(spec);
     CHECK(rec.state == StateOutcome::refused);
-    CHECK(rec.reason == Reason::grid_mismatch);
+    CHECK(rec.state_reason == Reason::grid_mismatch);
   }
   SUBCASE("a KV end that is not the chunk covering the boundary") {
     const auto keys = chunk_keys(7, 2);
@@ -319,12 +328,12 @@ TEST_CASE("R11 specs the rank disagrees with are refused with a reason, never cl
     const auto rec = rank.load(std::move(r));
     CHECK(rec.kv == KvOutcome::ok);  // legs do not gate each other
     CHECK(rec.state == StateOutcome::refused);
-    CHECK(rec.reason == Reason::kv_end_mismatch);
+    CHECK(rec.state_reason == Reason::kv_end_mismatch);
   }
   SUBCASE("an entry whose size does not match the slot") {
     const auto rec = state_only(state_spec(PrefixHash{6}, SlotId{1}));
     CHECK(rec.state == StateOutcome::refused);
-    CHECK(rec.reason == Reason::entry_size_mismatch);
+    CHECK(rec.state_reason == Reason::entry_size_mismatch);
   }
   SUBCASE("a KV spec naming a block outside the pool") {
     rank.save_chunk(PrefixHash{77});
@@ -333,7 +342,7 @@ TEST_CASE("R11 specs the rank disagrees with are refused with a reason, never cl
     r.kv = KvSpec{0, g.chunk_tokens, {PrefixHash{77}}, {BlockId{0}, BlockId{1}, BlockId{2}, BlockId{g.num_blocks}}};
     const auto rec = rank.load(std::move(r));
     CHECK(rec.kv == KvOutcome::failed);
-    CHECK(rec.reason == Reason::invalid_spec);
+    CHECK(rec.kv_reason == Reason::invalid_spec);
   }
   // Nothing was written anywhere: every slot is still zero.
   for (std::uint32_t s = 0; s < g.num_slots; ++s) CHECK(rank.pools.slot_is_zero(SlotId{s}));
@@ -350,7 +359,7 @@ TEST_CASE("R11 a stateful DSV4 load with a nonzero HBM floor is refused") {
   const auto rec = rank.load(std::move(r));
   CHECK(rec.state == StateOutcome::refused);
   CHECK(rec.kv == KvOutcome::ok);
-  CHECK(rec.reason == Reason::nonzero_hbm_floor);
+  CHECK(rec.state_reason == Reason::nonzero_hbm_floor);
   CHECK(rank.pools.slot_is_zero(SlotId{1}));
 }
 
@@ -404,9 +413,9 @@ TEST_CASE("R13 a step whose event cannot be created still saves, through a devic
   rank.conn.begin_step(compute);
   rank.pools.write_state(SlotId{1}, PrefixHash{9});
   rank.conn.store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
-  const StoreRecord rec = rank.await_store();
-  CHECK(rec.stored);
-  CHECK(rec.source_released);
+  const auto rec = rank.await_save();
+  CHECK(rec.stored.ok);
+  CHECK(rec.released.ok);
   CHECK(rank.conn.stats().fence_fallbacks == 1);
   CHECK(rank.rt.calls(RuntimeCall::device_synchronize) >= 1);
   // The bytes in the tier are the slot's.
@@ -424,9 +433,9 @@ TEST_CASE("R13 when nothing can order the gather the save fails and never reads 
   rank.conn.begin_step(compute);
   const auto copies_before = rank.rt.calls(RuntimeCall::copy_async);
   rank.conn.store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
-  const StoreRecord rec = rank.await_store();
-  CHECK_FALSE(rec.stored);
-  CHECK(rec.source_released);
+  const auto rec = rank.await_save();
+  CHECK_FALSE(rec.stored.ok);
+  CHECK(rec.released.ok);
   CHECK(rank.rt.calls(RuntimeCall::copy_async) == copies_before);
 }
 
@@ -442,12 +451,11 @@ TEST_CASE("R14 a rank without a state tier reports stored false, source released
   r.state = state_spec(PrefixHash{9}, SlotId{1});
   conn.load(std::move(r));
   RecordLog log;
-  REQUIRE(drain_until(group, log, [&] { return log.loads.size() == 1 && log.stores.size() == 1; }));
-  CHECK_FALSE(log.stores[0].stored);
-  CHECK(log.stores[0].source_released);
-  CHECK(log.stores[0].reason == Reason::no_tier);
+  REQUIRE(drain_until(group, log, [&] { return log.loads.size() == 1 && log.stores.size() == 2; }));
+  CHECK(log.stores[0] == SaveRecord{StoreKey{PrefixHash{9}, Generation{1}}, 0, SavePhase::released, true, Reason::none});
+  CHECK(log.stores[1] == SaveRecord{StoreKey{PrefixHash{9}, Generation{1}}, 0, SavePhase::stored, false, Reason::no_tier});
   CHECK(log.loads[0].state == StateOutcome::failed);  // failed never retracts; missed would
-  CHECK(log.loads[0].reason == Reason::no_tier);
+  CHECK(log.loads[0].state_reason == Reason::no_tier);
 }
 
 TEST_CASE("R19 a bad geometry is a typed error naming the value") {

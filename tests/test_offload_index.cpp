@@ -3,12 +3,15 @@
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
+#include <kvfuse/detail/alloc_counter.hpp>
 #include <kvfuse/engine/offload_index.hpp>
 
 #include <chrono>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+KVFUSE_DEFINE_COUNTING_OPERATOR_NEW();
 
 using namespace kvfuse;
 using namespace std::chrono_literals;
@@ -174,47 +177,103 @@ TEST_CASE("R5 the indexed hashes are LRU-capped with evictions counted, as one s
   check_identity(h.index);
 }
 
-TEST_CASE("R5 a hash is indexed only when a store settles stored, and a store settles once") {
+TEST_CASE("R5 a hash is indexed only when a save settles stored on every rank, and a save settles once") {
   Harness h;
-  const StoreKey a{PrefixHash{11}, Generation{1}};
-  const StoreKey b{PrefixHash{12}, Generation{2}};
-  CHECK(h.index.note_store_attempted(a));
-  CHECK(h.index.note_store_attempted(b));
-  CHECK_FALSE(h.index.note_store_attempted(a));  // already outstanding
+  auto ta = h.index.request_save(StateStore{StoreKey{PrefixHash{11}, {}}, SlotId{0}, 256});
+  auto tb = h.index.request_save(StateStore{StoreKey{PrefixHash{12}, {}}, SlotId{1}, 256});
+  REQUIRE(ta.admitted());
+  REQUIRE(tb.admitted());
+  const StoreKey a = ta.ticket().dispatch().key;
+  const StoreKey b = tb.ticket().dispatch().key;
+  CHECK(a.hash == PrefixHash{11});
+  CHECK(a.generation != b.generation);
   CHECK_FALSE(h.index.could_serve(PrefixHash{11}));  // never at submission
-  CHECK(h.index.is_store_outstanding(a));
-  CHECK_FALSE(h.index.is_store_outstanding(StoreKey{PrefixHash{11}, Generation{2}}));
-  CHECK(h.index.settle_store(StoreSettlement{a, true, true}));
-  CHECK(h.index.settle_store(StoreSettlement{b, false, true}));
+  CHECK(h.index.is_save_in_flight(a));
+  CHECK_FALSE(h.index.is_save_in_flight(StoreKey{PrefixHash{11}, b.generation}));
+  CHECK(h.index.settle_save(SaveSettlement{a, SavePhase::released, true}));
+  CHECK_FALSE(h.index.could_serve(PrefixHash{11}));  // released is not stored
+  CHECK(h.index.is_save_in_flight(a));
+  CHECK(h.index.settle_save(SaveSettlement{a, SavePhase::stored, true}));
+  CHECK(h.index.settle_save(SaveSettlement{b, SavePhase::stored, false}));
   CHECK(h.index.could_serve(PrefixHash{11}));
   CHECK_FALSE(h.index.could_serve(PrefixHash{12}));
-  // A second settlement of a, or one for a store never attempted, is late.
-  CHECK_FALSE(h.index.is_store_outstanding(a));
-  CHECK_FALSE(h.index.settle_store(StoreSettlement{a, true, true}));
-  CHECK_FALSE(h.index.settle_store(StoreSettlement{StoreKey{PrefixHash{13}, Generation{3}}, true, true}));
+  // A second settlement of a, or one for a save never issued, is late.
+  CHECK_FALSE(h.index.is_save_in_flight(a));
+  CHECK_FALSE(h.index.settle_save(SaveSettlement{a, SavePhase::stored, true}));
+  CHECK_FALSE(h.index.settle_save(SaveSettlement{StoreKey{PrefixHash{13}, Generation{3}}, SavePhase::stored, true}));
   CHECK_FALSE(h.index.could_serve(PrefixHash{13}));
   const IndexStats s = h.index.stats();
-  CHECK(s.stores_attempted == 2);
-  CHECK(s.stores_completed == 1);
-  CHECK(s.stores_failed == 1);
-  CHECK(s.stores_outstanding == 0);
+  CHECK(s.saves_issued == 2);
+  CHECK(s.saves_released == 1);
+  CHECK(s.saves_stored == 1);
+  CHECK(s.saves_failed == 1);
+  CHECK(s.saves_outstanding == 0);
   CHECK(s.late_reports == 2);
   check_identity(h.index);
 }
 
 TEST_CASE("R5 a KV save settles and is counted but never enters the state-hash set") {
   Harness h;
-  const StoreKey kv{PrefixHash{21}, Generation{1}};
-  const StoreKey state{PrefixHash{22}, Generation{2}};
-  CHECK(h.index.note_store_attempted(kv, SaveKind::kv));
-  CHECK(h.index.note_store_attempted(state, SaveKind::state));
-  CHECK(h.index.settle_store(StoreSettlement{kv, true, true}));
-  CHECK(h.index.settle_store(StoreSettlement{state, true, true}));
+  auto tkv = h.index.request_save(KvSave{StoreKey{PrefixHash{21}, {}}, {PrefixHash{21}}, {BlockId{0}}});
+  auto tst = h.index.request_save(StateStore{StoreKey{PrefixHash{22}, {}}, SlotId{0}, 256});
+  const StoreKey kv = tkv.ticket().dispatch().key;
+  const StoreKey state = tst.ticket().dispatch().key;
+  CHECK(h.index.settle_save(SaveSettlement{kv, SavePhase::stored, true}));
+  CHECK(h.index.settle_save(SaveSettlement{state, SavePhase::stored, true}));
   CHECK_FALSE(h.index.could_serve(PrefixHash{21}));
   CHECK(h.index.could_serve(PrefixHash{22}));
   const IndexStats s = h.index.stats();
-  CHECK(s.stores_completed == 2);
+  CHECK(s.saves_stored == 2);
   CHECK(s.indexed == 1);
+  check_identity(h.index);
+}
+
+TEST_CASE("R6 a save is ticketed like a load: its records count only once dispatched, and a dropped ticket abandons it") {
+  Harness h;
+  StoreKey dropped_key;
+  {
+    auto admission = h.index.request_save(StateStore{StoreKey{PrefixHash{5}, {}}, SlotId{0}, 256});
+    REQUIRE(admission.admitted());
+    dropped_key = admission.ticket().key();
+    CHECK(dropped_key.generation != Generation{});
+    CHECK_FALSE(h.index.is_save_in_flight(dropped_key));  // no rank has it: its records would be late
+    CHECK(h.index.stats().saves_outstanding == 1);
+  }  // dropped undispatched
+  CHECK(h.index.stats().saves_abandoned == 1);
+  CHECK(h.index.stats().saves_outstanding == 0);
+  CHECK_FALSE(h.index.settle_save(SaveSettlement{dropped_key, SavePhase::stored, true}));
+  CHECK_FALSE(h.index.could_serve(PrefixHash{5}));
+
+  auto admission = h.index.request_save(KvSave{StoreKey{PrefixHash{6}, {}}, {PrefixHash{6}}, {BlockId{3}}});
+  SaveTicket<KvSave> ticket = admission.take_ticket();
+  const KvSave save = ticket.dispatch();
+  CHECK_FALSE(ticket.valid());
+  CHECK(save.key == ticket.key());
+  CHECK(save.blocks == std::vector<BlockId>{BlockId{3}});
+  CHECK(h.index.is_save_in_flight(save.key));
+  ticket.abandon();  // consumed: a no-op
+  CHECK(h.index.is_save_in_flight(save.key));
+  CHECK(SaveTicket<KvSave>{}.dispatch().key == StoreKey{});  // an empty ticket yields nothing any index accepts
+  // Loads and saves share one generation source.
+  CHECK(start(h.index, 1, kv_spec(0, 256), std::nullopt).generation.value == save.key.generation.value + 1);
+  check_identity(h.index);
+}
+
+TEST_CASE("R19 a save the index cannot record is refused, and the caller learns it") {
+  REQUIRE(detail::AllocationScope::hook_installed());
+  Harness h;
+  detail::AllocationScope::fail_next(1);  // the save table's first growth fails
+  auto refused = h.index.request_save(StateStore{StoreKey{PrefixHash{5}, {}}, SlotId{0}, 256});
+  detail::AllocationScope::fail_next(0);
+  CHECK_FALSE(refused.admitted());
+  CHECK(refused.refusal() == SaveRefusal::out_of_memory);
+  CHECK_FALSE(refused.ticket().valid());
+  IndexStats s = h.index.stats();
+  CHECK(s.saves_refused == 1);
+  CHECK(s.saves_issued == 0);
+  CHECK(s.saves_outstanding == 0);
+  auto admitted = h.index.request_save(StateStore{StoreKey{PrefixHash{5}, {}}, SlotId{0}, 256});
+  CHECK(admitted.admitted());
   check_identity(h.index);
 }
 
@@ -381,9 +440,9 @@ TEST_CASE("R8 the index never releases the slot of a live request") {
   CHECK(h.index.stats().slots_released == 0);
 }
 
-TEST_CASE("R8 an orphan's slot goes back exactly once, when its load settles") {
-  for (int how = 0; how < 3; ++how) {
-    CAPTURE(how);
+TEST_CASE("R8 an orphan's slot goes back exactly once, when its ranks settle it") {
+  for (const bool ok : {true, false}) {
+    CAPTURE(ok);
     Harness h;
     h.index.note_stored(PrefixHash{1});
     const LoadKey k = start(h.index, 1, kv_spec(0, 512), leg(1, 6));
@@ -393,11 +452,9 @@ TEST_CASE("R8 an orphan's slot goes back exactly once, when its load settles") {
     CHECK(h.index.is_orphaned(k));
     CHECK(h.index.stats().orphaned == 1);
     CHECK(h.released.empty());  // the rank may still be writing into it
-    if (how == 0) CHECK(h.index.complete(k));
-    if (how == 1) CHECK(h.index.fail(k, true));
-    if (how == 2) CHECK(h.index.abandon(k));
+    CHECK(h.index.settle(Settlement{k, ok, !ok}));
     CHECK(h.released == std::vector<SlotId>{SlotId{6}});
-    CHECK_FALSE(h.index.complete(k));  // late: releases nothing
+    CHECK_FALSE(h.index.settle(Settlement{k, true, false}));  // late: releases nothing
     CHECK_FALSE(h.index.fail(k, false));
     ManualClock::current += 1h;
     CHECK(h.index.reclaim(ManualClock::now(), 1s) == 0);
@@ -407,6 +464,88 @@ TEST_CASE("R8 an orphan's slot goes back exactly once, when its load settles") {
     CHECK(got[0].orphaned);
     check_identity(h.index);
   }
+}
+
+TEST_CASE("R8 complete, fail, fail_all and abandon by key never end an orphan: its ranks may still write its slot") {
+  Harness h;
+  h.index.note_stored(PrefixHash{1});
+  const LoadKey k = start(h.index, 1, kv_spec(0, 512), leg(1, 6));
+  REQUIRE(h.index.orphan(k));
+  const IndexStats before = h.index.stats();
+  CHECK_FALSE(h.index.complete(k));
+  CHECK_FALSE(h.index.fail(k, true));
+  CHECK_FALSE(h.index.abandon(k));
+  CHECK(h.index.fail_all(std::span<const LoadKey>(&k, 1), true) == 0);
+  CHECK(h.index.stats() == before);  // nothing resolved, nothing counted late
+  CHECK(h.released.empty());
+  CHECK(h.index.is_outstanding(k));
+  CHECK(h.index.could_serve(PrefixHash{1}));
+  CHECK(h.index.drain_forgotten([](const LoadKey&) noexcept {}) == 0);  // the group keeps waiting for its ranks
+  // Reclaim is the other way out.
+  ManualClock::current += 1h;
+  CHECK(h.index.reclaim(ManualClock::now(), 1s) == 1);
+  CHECK(h.released == std::vector<SlotId>{SlotId{6}});
+  std::vector<LoadKey> forgotten;
+  CHECK(h.index.drain_forgotten([&](const LoadKey& key) noexcept { forgotten.push_back(key); }) == 1);
+  CHECK(forgotten == std::vector<LoadKey>{k});
+  check_identity(h.index);
+}
+
+TEST_CASE("R8 a load that never hears back stays in flight, visible: report_overdue lists it without releasing anything") {
+  Harness h;
+  h.index.note_stored(PrefixHash{1});
+  const LoadKey old_load = start(h.index, 1, kv_spec(0, 256), std::nullopt);
+  ManualClock::current += 10s;
+  const LoadKey orphan = start(h.index, 2, std::nullopt, leg(1, 2));
+  REQUIRE(h.index.orphan(orphan));
+  ManualClock::current += 10s;
+  const LoadKey young = start(h.index, 3, kv_spec(0, 256), std::nullopt);
+  LoadAdmission undispatched = h.index.request_load(RequestId{4}, kv_spec(0, 256), std::nullopt);
+  ManualClock::current += 5s;
+
+  std::vector<OverdueLoad> seen;
+  auto collect = [&](const OverdueLoad& o) noexcept { seen.push_back(o); };
+  CHECK(h.index.report_overdue(ManualClock::now(), 12s, collect) == 2);
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[0].key == old_load);  // oldest dispatch first
+  CHECK(seen[0].age == std::chrono::nanoseconds(25s));
+  CHECK_FALSE(seen[0].orphaned);
+  CHECK(seen[1].key == orphan);
+  CHECK(seen[1].orphaned);
+  CHECK(h.index.stats().overdue == 2);
+  CHECK(h.index.is_outstanding(old_load));  // nothing is released on a timer
+  CHECK(h.released.empty());
+  // The count follows the loads: settle one, and the next report has one fewer.
+  CHECK(h.index.settle(Settlement{old_load, true, false}));
+  seen.clear();
+  CHECK(h.index.report_overdue(ManualClock::now(), 1s, collect) == 2);  // the orphan and the young load
+  CHECK(seen[1].key == young);
+  CHECK(h.index.stats().overdue == 2);
+  CHECK(h.index.report_overdue(ManualClock::now(), 1h, collect) == 0);
+  CHECK(h.index.stats().overdue == 0);
+  CHECK(undispatched.ticket().valid());  // a ticket not yet dispatched is not in flight
+  check_identity(h.index);
+}
+
+TEST_CASE("R3 generations survive a restart: last_issued() is what the next incarnation starts after") {
+  OffloadIndexOptions o = small_options();
+  Generation persisted;
+  LoadKey before_restart;
+  {
+    Index first(o, [](SlotId) {});
+    before_restart = start(first, 1, kv_spec(0, 256), std::nullopt);
+    auto save = first.request_save(KvSave{StoreKey{PrefixHash{9}, {}}, {PrefixHash{9}}, {BlockId{0}}});
+    REQUIRE(save.admitted());
+    CHECK(first.last_issued() == save.ticket().key().generation);
+    persisted = first.last_issued();
+  }
+  o.last_issued = persisted;
+  Index second(o, [](SlotId) {});
+  CHECK(second.last_issued() == persisted);
+  const LoadKey after_restart = start(second, 1, kv_spec(0, 256), std::nullopt);
+  CHECK(after_restart.generation.value == persisted.value + 1);
+  CHECK(after_restart != before_restart);
+  CHECK_FALSE(second.settle(Settlement{before_restart, true, false}));  // the old incarnation's report is late
 }
 
 TEST_CASE("R8 orphan() of a load that is not in flight leaves the slot with the caller") {
@@ -434,7 +573,7 @@ TEST_CASE("R8 reclaim ages orphans from orphan time, not dispatch time") {
   CHECK(h.index.reclaim(orphaned_at + 1min, 1min) == 1);
   CHECK(h.released == std::vector<SlotId>{SlotId{1}});
   // A report after the reclaim is late and releases nothing.
-  CHECK_FALSE(h.index.complete(slow));
+  CHECK_FALSE(h.index.settle(Settlement{slow, true, false}));
   CHECK(h.released.size() == 1);
   const IndexStats s = h.index.stats();
   CHECK(s.reclaimed == 1);
@@ -499,7 +638,7 @@ TEST_CASE("R8 a re-admitted request gets a new generation and its own slot; the 
   CHECK(h.index.complete(second));  // the new admission's report
   CHECK(h.released.empty());        // did not touch the old orphan's slot
   CHECK(h.index.is_outstanding(first));
-  CHECK(h.index.fail(first, false));
+  CHECK(h.index.settle(Settlement{first, false, false}));  // the old load's ranks report at last
   CHECK(h.released == std::vector<SlotId>{SlotId{1}});
   check_identity(h.index);
 }
@@ -510,7 +649,7 @@ TEST_CASE("R8 a release callback that throws is counted, never propagated") {
   index.note_stored(PrefixHash{1});
   const LoadKey k = start(index, 1, std::nullopt, leg(1, 1));
   REQUIRE(index.orphan(k));
-  CHECK(index.complete(k));
+  CHECK(index.settle(Settlement{k, true, false}));
   const IndexStats s = index.stats();
   CHECK(s.slot_release_errors == 1);
   CHECK(s.slots_released == 1);
@@ -744,7 +883,7 @@ TEST_CASE("R19 the load, settle and drain paths are noexcept") {
   const ManualClock::duration timeout{1};
   CHECK(noexcept(h.index.reclaim(now, timeout)));
   CHECK(noexcept(h.index.drain_resolutions(out)));
-  CHECK(noexcept(h.index.settle_store(StoreSettlement{})));
+  CHECK(noexcept(h.index.settle_save(SaveSettlement{})));
   CHECK(noexcept(h.index.note_stored(PrefixHash{})));
   CHECK(noexcept(h.index.stats()));
 }

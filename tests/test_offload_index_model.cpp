@@ -158,7 +158,7 @@ struct Model {
     }
   }
 
-  // Reports through settle_key: true if applied.
+  // A rank-backed settlement: true if applied.
   bool settle(LoadKey k, Resolution kind, bool missing) {
     if (in_flight(k) == nullptr) {
       ++s.late_reports;
@@ -166,6 +166,13 @@ struct Model {
     }
     resolve(k, kind, missing);
     return true;
+  }
+
+  // complete/fail/abandon by key: as settle, except that an orphan is left alone (R8).
+  bool settle_by_engine(LoadKey k, Resolution kind, bool missing) {
+    const Load* l = in_flight(k);
+    if (l != nullptr && l->orphaned) return false;
+    return settle(k, kind, missing);
   }
 
   std::vector<LoadKey> reclaimable(ModelClock::time_point now, ModelClock::duration timeout) const {
@@ -192,7 +199,6 @@ struct Run {
   std::vector<LoadTicket> tickets;
   std::vector<LoadKey> resolved_keys;  // for late reports
   std::vector<Owner> owner = std::vector<Owner>(kSlots, Owner::free);
-  std::uint64_t store_generation = 1;
   std::uint64_t step = 0;
 
   static OffloadIndexOptions options() {
@@ -301,10 +307,10 @@ struct Run {
     const LoadKey k = settle_target();
     bool got = false, want = false;
     switch (how) {
-      case 0: want = model.settle(k, Resolution::completed, false); got = index.complete(k); break;
-      case 1: want = model.settle(k, Resolution::failed, false); got = index.fail(k, false); break;
-      case 2: want = model.settle(k, Resolution::failed, true); got = index.fail(k, true); break;
-      case 3: want = model.settle(k, Resolution::abandoned, false); got = index.abandon(k); break;
+      case 0: want = model.settle_by_engine(k, Resolution::completed, false); got = index.complete(k); break;
+      case 1: want = model.settle_by_engine(k, Resolution::failed, false); got = index.fail(k, false); break;
+      case 2: want = model.settle_by_engine(k, Resolution::failed, true); got = index.fail(k, true); break;
+      case 3: want = model.settle_by_engine(k, Resolution::abandoned, false); got = index.abandon(k); break;
       default: {
         const Settlement s{k, chance(0.5), chance(0.5)};
         want = s.ok ? model.settle(k, Resolution::completed, false) : model.settle(k, Resolution::failed, s.state_missed);
@@ -328,7 +334,7 @@ struct Run {
     for (std::uint64_t i = 0; i < n; ++i) keys.push_back(settle_target());
     const bool missing = chance(0.5);
     std::size_t want = 0;
-    for (const LoadKey& k : keys) want += model.settle(k, Resolution::failed, missing) ? 1 : 0;
+    for (const LoadKey& k : keys) want += model.settle_by_engine(k, Resolution::failed, missing) ? 1 : 0;
     REQUIRE(index.fail_all(keys, missing) == want);
   }
 
@@ -391,27 +397,40 @@ struct Run {
 
   void op_store() {
     if (model.stores.empty() || chance(0.5)) {
-      const StoreKey k{PrefixHash{pick(kHashes)}, Generation{store_generation++}};
-      REQUIRE(index.note_store_attempted(k));
-      model.stores.push_back(k);
-      ++model.s.stores_attempted;
+      const PrefixHash h{pick(kHashes)};
+      auto a = index.request_save(StateStore{StoreKey{h, {}}, SlotId{0}, 0});
+      REQUIRE(a.admitted());
+      REQUIRE(a.ticket().key() == StoreKey{h, Generation{model.next_generation++}});  // one source for loads and saves
+      ++model.s.saves_issued;
+      if (chance(0.1)) {
+        a.ticket().abandon();
+        ++model.s.saves_abandoned;
+        return;
+      }
+      model.stores.push_back(a.ticket().dispatch().key);
       return;
     }
     const bool late = chance(0.1);
     const std::size_t i = static_cast<std::size_t>(pick(model.stores.size()));
-    const StoreKey k = late ? StoreKey{PrefixHash{1}, Generation{store_generation + 1000}} : model.stores[i];
+    const StoreKey k = late ? StoreKey{PrefixHash{1}, Generation{model.next_generation + 1000}} : model.stores[i];
+    if (chance(0.5)) {  // the released phase first, as ranks send it
+      const bool released = chance(0.9);
+      REQUIRE(index.settle_save(SaveSettlement{k, SavePhase::released, released}) == !late);
+      if (late) ++model.s.late_reports;
+      else if (released) ++model.s.saves_released;
+    }
     const bool stored = chance(0.7);
-    REQUIRE(index.settle_store(StoreSettlement{k, stored, true}) == !late);
+    REQUIRE(index.settle_save(SaveSettlement{k, SavePhase::stored, stored}) == !late);
     if (late) {
       ++model.s.late_reports;
       return;
     }
     model.stores.erase(model.stores.begin() + static_cast<std::ptrdiff_t>(i));
     if (stored) {
-      ++model.s.stores_completed;
+      ++model.s.saves_stored;
       model.note_stored(k.hash.value);
     } else {
-      ++model.s.stores_failed;
+      ++model.s.saves_failed;
     }
   }
 
@@ -457,7 +476,7 @@ struct Run {
       owner[s.value] = Owner::free;  // the request is done with it; the engine frees it
     }
     model.s.indexed = model.lru.size();
-    model.s.stores_outstanding = model.stores.size();
+    model.s.saves_outstanding = model.stores.size();
     const IndexStats got = index.stats();
     REQUIRE(got.invariant_violations == 0);
     REQUIRE(got == model.s);
@@ -483,8 +502,8 @@ struct doctest::StringMaker<IndexStats> {
       << ", orphaned " << s.orphaned << ", late " << s.late_reports << ", refused " << s.refused << ", indexed "
       << s.indexed << ", evicted " << s.hashes_evicted << ", retracted " << s.hashes_retracted << ", dropped "
       << s.hashes_dropped << ", released " << s.slots_released << ", release_errors " << s.slot_release_errors
-      << ", violations " << s.invariant_violations << ", stores " << s.stores_attempted << "/" << s.stores_completed
-      << "/" << s.stores_failed << "/" << s.stores_outstanding << "}";
+      << ", violations " << s.invariant_violations << ", saves " << s.saves_issued << "/" << s.saves_released << "/"
+      << s.saves_stored << "/" << s.saves_failed << "/" << s.saves_abandoned << "/" << s.saves_outstanding << "}";
     return o.str().c_str();
   }
 };
@@ -503,7 +522,7 @@ TEST_CASE("model: 10^5 random operations agree with the reference model at every
   run.released.clear();
   while (!run.tickets.empty()) run.op_drop_ticket(false);
   while (auto k = run.random_outstanding(true)) {
-    REQUIRE(run.index.complete(*k));
+    REQUIRE(run.index.settle(Settlement{*k, true, false}));
     run.model.resolve(*k, Resolution::completed, false);
   }
   CHECK(run.released == run.model.expected_releases);

@@ -20,21 +20,22 @@ struct Engine {
   TpQuorum group{TpQuorumConfig{kWorld, 3, 1024}};
   OffloadIndex<> index;
   SettlementPump<TpQuorum, OffloadIndex<>> pump{group, index};
-  std::vector<Settlement> loads;
-  std::vector<StoreSettlement> stores;
+  std::vector<LoadResolution> loads;
+  std::vector<SaveSettlement> stores;
 
   explicit Engine(std::uint32_t slots)
       : index(OffloadIndexOptions{.hash_capacity = 1024, .slot_count = slots},
               [this](SlotId s) { released_slots.push_back(s); }) {}
 
-  /// Steps the pump until `n` more load and `m` more store settlements arrived (10 s bound).
+  /// Steps the pump until `n` more load resolutions and `m` more save settlements (two per
+  /// save: released, then stored) arrived (10 s bound).
   bool settle(std::size_t n, std::size_t m) {
     const std::size_t want_loads = loads.size() + n, want_stores = stores.size() + m;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (loads.size() < want_loads || stores.size() < want_stores) {
       auto step = pump.step();
-      loads.insert(loads.end(), step.loads.begin(), step.loads.end());
-      stores.insert(stores.end(), step.stores.begin(), step.stores.end());
+      loads.insert(loads.end(), step.resolutions.begin(), step.resolutions.end());
+      stores.insert(stores.end(), step.saves.begin(), step.saves.end());
       if (std::chrono::steady_clock::now() > deadline) return false;
       if (step.records == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
@@ -87,12 +88,11 @@ void run_preset(const std::filesystem::path& dir = {}) {
   const auto saved_blocks = block_range(0, prompt / geo.block_tokens);
   const PrefixHash state_hash{0xabcdef};
 
-  // The forward wrote KV (and state) on every rank; the engine saves it.
-  GenerationSource save_generations(Generation{1000});
-  const KvSave kv_save{StoreKey{keys.back(), save_generations.next()}, 0, keys, saved_blocks};
-  engine.pump.expect_store(kv_save.key, SaveKind::kv);
-  StateStore state_store{StoreKey{state_hash, save_generations.next()}, SlotId{0}, boundary};
-  if constexpr (Conn::has_state) engine.pump.expect_store(state_store.key);
+  // The forward wrote KV (and state) on every rank; the engine saves it through tickets.
+  auto kv_ticket = engine.index.request_save(KvSave{StoreKey{keys.back(), {}}, keys, saved_blocks}).take_ticket();
+  auto state_ticket = engine.index.request_save(StateStore{StoreKey{state_hash, {}}, SlotId{0}, boundary}).take_ticket();
+  const KvSave kv_save = kv_ticket.dispatch();
+  const StateStore state_store = Conn::has_state ? state_ticket.dispatch() : StateStore{};
   for (auto& rank : ranks) {
     rank->pools.write_prompt(saved_blocks, prompt);
     if constexpr (Conn::has_state) rank->pools.write_state(SlotId{0}, state_hash);
@@ -100,14 +100,12 @@ void run_preset(const std::filesystem::path& dir = {}) {
     if constexpr (Conn::has_state) rank->conn.store_state(state_store);
   }
   const std::size_t saves = Conn::has_state ? 2 : 1;
-  REQUIRE(engine.settle(0, saves));
-  for (const StoreSettlement& s : engine.stores) {
-    CHECK(s.stored);
-    CHECK(s.source_released);
-  }
+  REQUIRE(engine.settle(0, 2 * saves));
+  for (const SaveSettlement& s : engine.stores) CHECK(s.ok);
   if constexpr (Conn::has_state) CHECK(engine.index.could_serve(state_hash));
   CHECK_FALSE(engine.index.could_serve(keys.back()));  // a KV save is not a state checkpoint
-  CHECK(engine.index.stats().stores_completed == saves);
+  CHECK(engine.index.stats().saves_stored == saves);
+  CHECK(engine.index.stats().saves_released == saves);
 
   // Wipe the device, then load into blocks 32.. in a scattered order and into slot 2.
   for (auto& rank : ranks) {
@@ -125,7 +123,7 @@ void run_preset(const std::filesystem::path& dir = {}) {
   for (auto& rank : ranks) rank->conn.load(request);  // the transport copies the request to every rank
   REQUIRE(engine.settle(1, 0));
   CHECK(engine.loads.back().key == request.key);
-  CHECK(engine.loads.back().ok);
+  CHECK(engine.loads.back().kind == Resolution::completed);
   CHECK_FALSE(engine.loads.back().state_missed);
 
   for (auto& rank : ranks) {
@@ -143,7 +141,7 @@ void run_preset(const std::filesystem::path& dir = {}) {
   const LoadRequest miss_request = miss.ticket().dispatch();
   for (auto& rank : ranks) rank->conn.load(miss_request);
   REQUIRE(engine.settle(1, 0));
-  CHECK_FALSE(engine.loads.back().ok);
+  CHECK(engine.loads.back().kind == Resolution::failed);
 
   for (auto& rank : ranks) rank->conn.drain();
   const IndexStats stats = engine.index.stats();
@@ -196,17 +194,15 @@ TEST_CASE("R18 after a restart the index is re-seeded from the tiers and KV and 
     Engine engine(4);
     std::vector<std::unique_ptr<Rank<Conn>>> ranks;
     for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, engine.group, dir));
-    const KvSave kv_save{StoreKey{keys.back(), Generation{1}}, 0, keys, saved_blocks};
-    const StateStore st{StoreKey{state_hash, Generation{2}}, SlotId{0}, boundary};
-    engine.pump.expect_store(kv_save.key, SaveKind::kv);
-    engine.pump.expect_store(st.key);
+    const KvSave kv_save = engine.index.request_save(KvSave{StoreKey{keys.back(), {}}, keys, saved_blocks}).take_ticket().dispatch();
+    const StateStore st = engine.index.request_save(StateStore{StoreKey{state_hash, {}}, SlotId{0}, boundary}).take_ticket().dispatch();
     for (auto& rank : ranks) {
       rank->pools.write_prompt(saved_blocks, prompt);
       rank->pools.write_state(SlotId{0}, state_hash);
       rank->conn.save_kv(kv_save);
       rank->conn.store_state(st);
     }
-    REQUIRE(engine.settle(0, 2));
+    REQUIRE(engine.settle(0, 4));
     for (std::uint32_t r = 0; r + 1 < kWorld; ++r) {  // rank 3 crashed before storing this one
       std::vector<std::byte> bytes(geo.slot_bytes, std::byte{1});
       REQUIRE(ranks[r]->tier->put(TierKey{geo.model, partial_hash, kWorld, r, EntryKind::state}, bytes));
@@ -232,7 +228,7 @@ TEST_CASE("R18 after a restart the index is re-seeded from the tiers and KV and 
   const LoadRequest request = a.ticket().dispatch();
   for (auto& rank : ranks) rank->conn.load(request);
   REQUIRE(engine.settle(1, 0));
-  CHECK(engine.loads.back().ok);
+  CHECK(engine.loads.back().kind == Resolution::completed);
   for (auto& rank : ranks) {
     CHECK(rank->pools.holds_prompt(load_blocks, 0, prompt));
     CHECK(rank->pools.holds_state(SlotId{3}, state_hash));

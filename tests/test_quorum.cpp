@@ -7,6 +7,7 @@
 #include <kvfuse/completion/tp_quorum.hpp>
 #include <kvfuse/engine/offload_index.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <random>
@@ -27,40 +28,67 @@ StoreKey sk(std::uint64_t hash, std::uint64_t generation) { return StoreKey{Pref
 
 CompletionRecord rec(LoadKey key, std::uint32_t rank, KvOutcome kv = KvOutcome::ok,
                      StateOutcome state = StateOutcome::none) {
-  return CompletionRecord{key, rank, kv, state, Reason::none};
+  return CompletionRecord{key, rank, kv, state, Reason::none, Reason::none};
 }
-StoreRecord srec(StoreKey key, std::uint32_t rank, bool stored = true, bool released = true) {
-  return StoreRecord{key, rank, stored, released, Reason::none};
+SaveRecord srec(StoreKey key, std::uint32_t rank, SavePhase phase, bool ok = true) {
+  return SaveRecord{key, rank, phase, ok, ok ? Reason::none : Reason::kv_transfer_failed};
 }
+SaveSettlement released_phase(StoreKey key, bool ok = true) { return SaveSettlement{key, SavePhase::released, ok}; }
+SaveSettlement stored_phase(StoreKey key, bool ok = true) { return SaveSettlement{key, SavePhase::stored, ok}; }
 
 /// Collects settlements in order.
 struct Collect {
   std::vector<Settlement> loads;
-  std::vector<StoreSettlement> stores;
+  std::vector<SaveSettlement> stores;
   void operator()(const Settlement& s) noexcept { loads.push_back(s); }
-  void operator()(const StoreSettlement& s) noexcept { stores.push_back(s); }
+  void operator()(const SaveSettlement& s) noexcept { stores.push_back(s); }
 };
 
-/// A stand-in for OffloadIndex: the outstanding set is the truth (R3).
+/// A stand-in for OffloadIndex: the outstanding and in-flight-save sets are the truth (R3).
 struct FakeIndex {
   std::unordered_set<LoadKey> outstanding;
+  std::unordered_set<StoreKey> saves;
   std::vector<Settlement> settled;
-  std::vector<StoreSettlement> stores;
+  std::vector<SaveSettlement> save_settlements;
   std::unordered_set<PrefixHash> indexed;
+  std::vector<LoadResolution> queue;
+  std::vector<LoadKey> forgotten;
+  Generation last{};
   mutable int outstanding_queries = 0;
   bool is_outstanding(LoadKey key) const noexcept {
     ++outstanding_queries;
     return outstanding.contains(key);
   }
+  bool is_save_in_flight(StoreKey key) const noexcept { return saves.contains(key); }
   bool settle(const Settlement& s) {
     if (outstanding.erase(s.key) == 0) return false;
     settled.push_back(s);
+    queue.push_back(LoadResolution{s.key, s.ok ? Resolution::completed : Resolution::failed, s.state_missed, false, true});
     return true;
   }
-  void settle_store(const StoreSettlement& s) {
-    stores.push_back(s);
-    if (s.stored) indexed.insert(s.key.hash);
+  bool settle_save(const SaveSettlement& s) {
+    if (!saves.contains(s.key)) return false;
+    save_settlements.push_back(s);
+    if (s.phase == SavePhase::stored) {
+      saves.erase(s.key);
+      if (s.ok) indexed.insert(s.key.hash);
+    }
+    return true;
   }
+  std::size_t drain_resolutions(std::vector<LoadResolution>& out) noexcept {
+    const std::size_t n = queue.size();
+    out.insert(out.end(), queue.begin(), queue.end());
+    queue.clear();
+    return n;
+  }
+  template <class F>
+  std::size_t drain_forgotten(F&& forget) noexcept {
+    const std::size_t n = forgotten.size();
+    for (const LoadKey& k : forgotten) forget(k);
+    forgotten.clear();
+    return n;
+  }
+  Generation last_issued() const noexcept { return last; }
 };
 
 static_assert(SettlementIndex<FakeIndex>);
@@ -84,6 +112,13 @@ template <class Record>
 MergeResult feed(TpQuorum& q, const Record& r, Collect& out) {
   AdmitAll all;
   return q.merge(r.rank, r, all, out);
+}
+
+/// Feeds one rank's whole save report: `released`, then `stored`, as a rank sends them.
+void feed_save(TpQuorum& q, StoreKey key, std::uint32_t rank, Collect& out, bool stored_ok = true,
+               bool released_ok = true) {
+  feed(q, srec(key, rank, SavePhase::released, released_ok), out);
+  feed(q, srec(key, rank, SavePhase::stored, stored_ok), out);
 }
 
 std::string error_of(auto&& f) {
@@ -300,7 +335,16 @@ struct PumpFixture {
   SettlementPump<TpQuorum, FakeIndex> pump{group, index};
   explicit PumpFixture(TpQuorumConfig c) : group(c) {}
   void send(const CompletionRecord& r) { pump.ingest(r.rank, std::span<const CompletionRecord>(&r, 1)); }
-  void send(const StoreRecord& r) { pump.ingest(r.rank, std::span<const StoreRecord>(&r, 1)); }
+  void send(const SaveRecord& r) { pump.ingest(r.rank, std::span<const SaveRecord>(&r, 1)); }
+  std::size_t seen = 0;
+  /// One step; the load settlements that reached the index since the last (in order).
+  std::vector<Settlement> step_loads() {
+    const auto step = pump.step();
+    CHECK(step.resolutions.size() == index.settled.size() - seen);  // one resolution per settled load
+    std::vector<Settlement> out(index.settled.begin() + static_cast<std::ptrdiff_t>(seen), index.settled.end());
+    seen = index.settled.size();
+    return out;
+  }
 };
 }  // namespace
 
@@ -311,27 +355,27 @@ TEST_CASE("R3 a tombstone that aged out cannot turn a late report into a partial
     f.send(rec(lk(i, 1), 0));
     f.send(rec(lk(i, 1), 1));
   }
-  CHECK(f.pump.step().loads.size() == 3);
+  CHECK(f.step_loads().size() == 3);
   CHECK(f.group.stats().tombstones == 2);  // key 1's tombstone aged out
   f.send(rec(lk(1, 1), 0));                // a late report for it
   const PumpStats s = f.pump.stats();
   CHECK(s.group.pending == 0);  // the index said "not outstanding": no partial entry
-  CHECK(s.late_reports() == 1);
-  CHECK(f.pump.step().loads.empty());
+  CHECK(s.late_reports == 1);
+  CHECK(f.step_loads().empty());
 }
 
 TEST_CASE("R3 records for a key the index does not hold are late before they reach the quorum") {
   PumpFixture f(config(2));
   f.send(rec(lk(9, 9), 0));  // never dispatched
   CHECK(f.pump.stats().group.pending == 0);
-  CHECK(f.pump.stats().late_reports() == 1);
+  CHECK(f.pump.stats().late_reports == 1);
   // The index is asked only for a key's first record; later ones join the entry.
   f.index.outstanding.insert(lk(1, 1));
   f.index.outstanding_queries = 0;
   f.send(rec(lk(1, 1), 0));
   f.send(rec(lk(1, 1), 1));
   CHECK(f.index.outstanding_queries == 1);
-  CHECK(f.pump.step().loads.size() == 1);
+  CHECK(f.step_loads().size() == 1);
 }
 
 TEST_CASE("R3 cross-generation reports never settle another generation") {
@@ -339,14 +383,14 @@ TEST_CASE("R3 cross-generation reports never settle another generation") {
   f.index.outstanding.insert(lk(1, 2));  // generation 2 is in flight, generation 1 is not
   f.send(rec(lk(1, 1), 0));
   f.send(rec(lk(1, 1), 1));
-  CHECK(f.pump.step().loads.empty());
+  CHECK(f.step_loads().empty());
   CHECK(f.index.outstanding.contains(lk(1, 2)));
   f.send(rec(lk(1, 2), 0, KvOutcome::failed));
   f.send(rec(lk(1, 2), 1));
-  const auto step = f.pump.step();
-  REQUIRE(step.loads.size() == 1);
-  CHECK(step.loads[0] == Settlement{lk(1, 2), false, false});
-  CHECK(f.pump.stats().late_reports() == 2);
+  const auto loads = f.step_loads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0] == Settlement{lk(1, 2), false, false});
+  CHECK(f.pump.stats().late_reports == 2);
 }
 
 TEST_CASE("R3 a re-admitted request's reports settle only its own load and the old orphan's are late") {
@@ -358,9 +402,9 @@ TEST_CASE("R3 a re-admitted request's reports settle only its own load and the o
   f.send(rec(lk(7, 2), 0, KvOutcome::ok, StateOutcome::restored));
   f.send(rec(lk(7, 1), 1, KvOutcome::ok, StateOutcome::missed));    // the old load's last report
   f.send(rec(lk(7, 2), 1, KvOutcome::ok, StateOutcome::restored));
-  const auto step = f.pump.step();
-  REQUIRE(step.loads.size() == 1);
-  CHECK(step.loads[0] == Settlement{lk(7, 2), true, false});
+  const auto loads = f.step_loads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0] == Settlement{lk(7, 2), true, false});
   REQUIRE(f.index.settled.size() == 1);  // the old generation's quorum never touched the index's new load
   CHECK(f.pump.stats().late_settlements == 1);
   CHECK(f.pump.stats().group.pending == 0);
@@ -371,9 +415,9 @@ TEST_CASE("R4 a dead rank settles through the pump into the index") {
   f.index.outstanding.insert(lk(1, 1));
   f.send(rec(lk(1, 1), 0));
   f.pump.mark_rank_dead(1);
-  const auto step = f.pump.step();
-  REQUIRE(step.loads.size() == 1);
-  CHECK(step.loads[0] == Settlement{lk(1, 1), false, false});
+  const auto loads = f.step_loads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0] == Settlement{lk(1, 1), false, false});
   CHECK(f.index.outstanding.empty());
 }
 
@@ -383,69 +427,106 @@ TEST_CASE("R4 pump results survive until the next step and ingest results ride t
   f.index.outstanding.insert(lk(2, 1));
   f.send(rec(lk(1, 1), 0));
   auto step = f.pump.step();
-  REQUIRE(step.loads.size() == 1);
+  REQUIRE(step.resolutions.size() == 1);
   f.send(rec(lk(2, 1), 0));
+  CHECK(step.resolutions.size() == 1);  // still the first step's answer until the next step
+  CHECK(step.resolutions[0].key == lk(1, 1));
   step = f.pump.step();
-  REQUIRE(step.loads.size() == 1);
-  CHECK(step.loads[0].key == lk(2, 1));
-  CHECK(f.pump.step().loads.empty());
+  REQUIRE(step.resolutions.size() == 1);
+  CHECK(step.resolutions[0].key == lk(2, 1));
+  CHECK(f.pump.step().resolutions.empty());
 }
 
-// ---- stores --------------------------------------------------------------------------------
+// ---- saves: two phases ----------------------------------------------------------------------
 
-TEST_CASE("R4 a save is stored only if every rank stored and its source released only if every rank released") {
+TEST_CASE("R4 a save's source is released only if every rank released, and stored only if every rank stored") {
   TpQuorum q(config(3));
   Collect out;
-  for (std::uint32_t r = 0; r < 3; ++r) feed(q, srec(sk(1, 1), r), out);
-  for (std::uint32_t r = 0; r < 3; ++r) feed(q, srec(sk(2, 1), r, r != 1, true), out);
-  for (std::uint32_t r = 0; r < 3; ++r) feed(q, srec(sk(3, 1), r, true, r != 2), out);
-  REQUIRE(out.stores.size() == 3);
-  CHECK(out.stores[0] == StoreSettlement{sk(1, 1), true, true});
-  CHECK(out.stores[1] == StoreSettlement{sk(2, 1), false, true});
-  CHECK(out.stores[2] == StoreSettlement{sk(3, 1), true, false});
-  CHECK(q.stats().store_settled == 3);
+  for (std::uint32_t r = 0; r < 3; ++r) feed_save(q, sk(1, 1), r, out);
+  for (std::uint32_t r = 0; r < 3; ++r) feed_save(q, sk(2, 1), r, out, r != 1, true);
+  for (std::uint32_t r = 0; r < 3; ++r) feed_save(q, sk(3, 1), r, out, true, r != 2);
+  REQUIRE(out.stores.size() == 6);
+  CHECK(out.stores[0] == released_phase(sk(1, 1)));
+  CHECK(out.stores[1] == stored_phase(sk(1, 1)));
+  CHECK(out.stores[2] == released_phase(sk(2, 1)));
+  CHECK(out.stores[3] == stored_phase(sk(2, 1), false));
+  CHECK(out.stores[4] == released_phase(sk(3, 1), false));
+  CHECK(out.stores[5] == stored_phase(sk(3, 1)));
+  CHECK(q.stats().save_settled == 6);
+  CHECK(q.stats().pending_saves == 0);
 }
 
-TEST_CASE("R4 a store duplicate never counts twice and a failed store is never overwritten") {
+TEST_CASE("R4 early block release: the released phase settles while no rank has stored yet") {
   TpQuorum q(config(2));
   Collect out;
-  feed(q, srec(sk(1, 1), 0, false, false), out);
-  CHECK(feed(q, srec(sk(1, 1), 0, true, true), out) == MergeResult::duplicate);
+  feed(q, srec(sk(1, 1), 0, SavePhase::released), out);
   CHECK(out.stores.empty());
-  CHECK(q.stats().pending_stores == 1);
-  feed(q, srec(sk(1, 1), 1), out);
+  CHECK(feed(q, srec(sk(1, 1), 1, SavePhase::released), out) == MergeResult::settled);
   REQUIRE(out.stores.size() == 1);
-  CHECK(out.stores[0] == StoreSettlement{sk(1, 1), false, false});
-  CHECK(feed(q, srec(sk(1, 1), 1), out) == MergeResult::late);
+  CHECK(out.stores[0] == released_phase(sk(1, 1)));
+  CHECK(q.stats().pending_saves == 1);  // waits for the stored phase
+  feed(q, srec(sk(1, 1), 0, SavePhase::stored), out);
+  feed(q, srec(sk(1, 1), 1, SavePhase::stored), out);
+  REQUIRE(out.stores.size() == 2);
+  CHECK(out.stores[1] == stored_phase(sk(1, 1)));
+  CHECK(q.stats().pending_saves == 0);
+}
+
+TEST_CASE("R4 a save duplicate never counts twice and a failed phase is never overwritten") {
+  TpQuorum q(config(2));
+  Collect out;
+  feed(q, srec(sk(1, 1), 0, SavePhase::released, false), out);
+  CHECK(feed(q, srec(sk(1, 1), 0, SavePhase::released, true), out) == MergeResult::duplicate);
+  feed(q, srec(sk(1, 1), 0, SavePhase::stored, false), out);
+  CHECK(feed(q, srec(sk(1, 1), 0, SavePhase::stored, true), out) == MergeResult::duplicate);
+  CHECK(out.stores.empty());
+  CHECK(q.stats().pending_saves == 1);
+  feed_save(q, sk(1, 1), 1, out);
+  REQUIRE(out.stores.size() == 2);
+  CHECK(out.stores[0] == released_phase(sk(1, 1), false));
+  CHECK(out.stores[1] == stored_phase(sk(1, 1), false));
+  CHECK(feed(q, srec(sk(1, 1), 1, SavePhase::stored), out) == MergeResult::late);
 }
 
 TEST_CASE("R4 a dead rank never counts as stored but releases its source") {
   TpQuorum q(config(2));
   Collect out;
-  feed(q, srec(sk(1, 1), 0), out);
+  feed_save(q, sk(1, 1), 0, out);
+  feed(q, srec(sk(2, 1), 0, SavePhase::released), out);
   q.mark_rank_dead(1, out);
-  REQUIRE(out.stores.size() == 1);
-  CHECK(out.stores[0] == StoreSettlement{sk(1, 1), false, true});
+  REQUIRE(out.stores.size() == 3);
+  auto position = [&](const SaveSettlement& s) {
+    return std::find(out.stores.begin(), out.stores.end(), s) - out.stores.begin();
+  };
+  CHECK(position(released_phase(sk(1, 1))) < position(stored_phase(sk(1, 1), false)));
+  CHECK(position(stored_phase(sk(1, 1), false)) < 3);
+  CHECK(position(released_phase(sk(2, 1))) < 3);  // key 2 still waits for rank 0's stored report
+  feed(q, srec(sk(2, 1), 0, SavePhase::stored), out);
+  REQUIRE(out.stores.size() == 4);
+  CHECK(out.stores[3] == stored_phase(sk(2, 1), false));
 }
 
-TEST_CASE("R3 store records settle only for saves the pump was told about, once") {
+TEST_CASE("R3 save records settle only for saves the index has in flight, once per phase") {
   PumpFixture f(config(2));
-  f.send(srec(sk(5, 1), 0));  // never announced
-  f.send(srec(sk(5, 1), 1));
-  CHECK(f.pump.step().stores.empty());
-  CHECK(f.pump.stats().late_reports() == 2);
-  f.pump.expect_store(sk(5, 2));
-  CHECK(f.pump.stats().expected_stores == 1);
-  f.send(srec(sk(5, 2), 0));
-  f.send(srec(sk(5, 2), 1, true, true));
-  const auto step = f.pump.step();
-  REQUIRE(step.stores.size() == 1);
-  CHECK(step.stores[0] == StoreSettlement{sk(5, 2), true, true});
+  f.send(srec(sk(5, 1), 0, SavePhase::released));  // never issued
+  f.send(srec(sk(5, 1), 1, SavePhase::released));
+  CHECK(f.pump.step().saves.empty());
+  CHECK(f.pump.stats().late_reports == 2);
+  f.index.saves.insert(sk(5, 2));
+  for (std::uint32_t r = 0; r < 2; ++r) f.send(srec(sk(5, 2), r, SavePhase::released));
+  auto step = f.pump.step();
+  REQUIRE(step.saves.size() == 1);
+  CHECK(step.saves[0] == released_phase(sk(5, 2)));
+  CHECK_FALSE(f.index.indexed.contains(PrefixHash{5}));
+  for (std::uint32_t r = 0; r < 2; ++r) f.send(srec(sk(5, 2), r, SavePhase::stored));
+  step = f.pump.step();
+  REQUIRE(step.saves.size() == 1);
+  CHECK(step.saves[0] == stored_phase(sk(5, 2)));
   CHECK(f.index.indexed.contains(PrefixHash{5}));
-  CHECK(f.pump.stats().expected_stores == 0);
-  f.send(srec(sk(5, 2), 0));  // late duplicate
-  CHECK(f.pump.step().stores.empty());
-  CHECK(f.pump.stats().group.pending_stores == 0);
+  f.send(srec(sk(5, 2), 0, SavePhase::stored));  // late duplicate
+  CHECK(f.pump.step().saves.empty());
+  CHECK(f.pump.stats().group.pending_saves == 0);
+  CHECK(f.pump.stats().late_reports == 3);
 }
 
 // ---- SingleRank -----------------------------------------------------------------------------
@@ -456,25 +537,28 @@ TEST_CASE("R3 SingleRank settles each admitted record at once and drops the rest
   SettlementPump<SingleRank, FakeIndex> pump(group, index);
   index.outstanding.insert(lk(1, 1));
   index.outstanding.insert(lk(2, 1));
-  pump.expect_store(sk(3, 1));
+  index.saves.insert(sk(3, 1));
   LaneEmitter load_lane = group.emitter(0, 0);
   LaneEmitter store_lane = group.emitter(0, 1);
   load_lane.emit(rec(lk(1, 1), 0, KvOutcome::ok, StateOutcome::missed));
   load_lane.emit(rec(lk(1, 1), 0));  // a duplicate: late, the index already settled the key
   load_lane.emit(rec(lk(2, 1), 0));
   load_lane.emit(rec(lk(4, 1), 0));  // never dispatched
-  store_lane.emit(srec(sk(3, 1), 0, true, true));
+  store_lane.emit(srec(sk(3, 1), 0, SavePhase::released));
+  store_lane.emit(srec(sk(3, 1), 0, SavePhase::stored));
   const auto step = pump.step();
-  CHECK(step.records == 5);
-  REQUIRE(step.loads.size() == 2);
-  CHECK(step.loads[0] == Settlement{lk(1, 1), false, true});
-  CHECK(step.loads[1] == Settlement{lk(2, 1), true, false});
-  REQUIRE(step.stores.size() == 1);
-  CHECK(step.stores[0] == StoreSettlement{sk(3, 1), true, true});
+  CHECK(step.records == 6);
+  REQUIRE(index.settled.size() == 2);
+  CHECK(index.settled[0] == Settlement{lk(1, 1), false, true});
+  CHECK(index.settled[1] == Settlement{lk(2, 1), true, false});
+  CHECK(step.resolutions.size() == 2);
+  REQUIRE(step.saves.size() == 2);
+  CHECK(step.saves[0] == released_phase(sk(3, 1)));
+  CHECK(step.saves[1] == stored_phase(sk(3, 1)));
   const PumpStats s = pump.stats();
   CHECK(s.group.late_reports == 2);
   CHECK(s.group.pending == 0);
-  CHECK(s.group.queues.drained == 5);
+  CHECK(s.group.queues.drained == 6);
   CHECK(error_of([&] { (void)group.emitter(1, 0); }).find("rank 1") != std::string::npos);
 }
 
@@ -492,8 +576,9 @@ TEST_CASE("R3 TpQuorum lane queues feed the pump in one step") {
   r1.emit(rec(lk(1, 1), 0));  // rank 0's record in rank 1's queue: invalid
   const auto step = pump.step();
   CHECK(step.records == 21);
-  CHECK(step.loads.size() == 10);
-  for (const Settlement& s : step.loads) CHECK(s.ok == (s.key.request.value % 2 == 0));
+  CHECK(step.resolutions.size() == 10);
+  REQUIRE(index.settled.size() == 10);
+  for (const Settlement& s : index.settled) CHECK(s.ok == (s.key.request.value % 2 == 0));
   CHECK(pump.stats().group.invalid_reports == 1);
   CHECK(index.outstanding.empty());
 }
@@ -501,7 +586,6 @@ TEST_CASE("R3 TpQuorum lane queues feed the pump in one step") {
 // ---- against the real OffloadIndex -------------------------------------------------------
 
 static_assert(SettlementIndex<OffloadIndex<>>);
-static_assert(StoreNotingIndex<OffloadIndex<>>);
 
 TEST_CASE("R2 guards on two ranks, the quorum and the pump settle a joint load into OffloadIndex") {
   std::vector<SlotId> released;
@@ -517,19 +601,21 @@ TEST_CASE("R2 guards on two ranks, the quorum and the pump settle a joint load i
   LaneEmitter store1 = group.emitter(1, 1);
 
   // A save of hash 42 lands on both ranks: only then is it indexed.
-  const StoreKey save{PrefixHash{42}, Generation{1000}};
-  pump.expect_store(save);
-  { StoreGuard g(save, 0, store0); g.release_source(); g.stored_ok(); }
-  CHECK(pump.step().stores.empty());  // rank 0 alone settles nothing
+  auto save_admission = index.request_save(StateStore{StoreKey{PrefixHash{42}, {}}, SlotId{0}, 256});
+  REQUIRE(save_admission.admitted());
+  const StoreKey save = save_admission.ticket().dispatch().key;
+  { SaveGuard g(save, 0, store0); g.release_source(); g.stored_ok(); }
+  CHECK(pump.step().saves.empty());  // rank 0 alone settles nothing
   CHECK_FALSE(index.could_serve(PrefixHash{42}));
   {
-    StoreGuard g(save, 1, store1);
+    SaveGuard g(save, 1, store1);
     g.release_source();
     g.stored_ok();
   }
   auto step = pump.step();
-  REQUIRE(step.stores.size() == 1);
-  CHECK(step.stores[0] == StoreSettlement{save, true, true});
+  REQUIRE(step.saves.size() == 2);
+  CHECK(step.saves[0] == released_phase(save));
+  CHECK(step.saves[1] == stored_phase(save));
   CHECK(index.could_serve(PrefixHash{42}));
 
   // A joint load of it: rank 0 restores, rank 1's tier genuinely misses.
@@ -549,20 +635,18 @@ TEST_CASE("R2 guards on two ranks, the quorum and the pump settle a joint load i
     g.state(StateOutcome::missed);
   }
   step = pump.step();
-  REQUIRE(step.loads.size() == 1);
-  CHECK(step.loads[0] == Settlement{req.key, false, true});
   CHECK_FALSE(index.is_outstanding(req.key));
   CHECK_FALSE(index.could_serve(PrefixHash{42}));  // the miss retracted the hash
-  std::vector<LoadResolution> resolutions;
-  index.drain_resolutions(resolutions);
-  REQUIRE(resolutions.size() == 1);
-  CHECK(resolutions[0].kind == Resolution::failed);
-  CHECK(resolutions[0].state_missed);
+  REQUIRE(step.resolutions.size() == 1);
+  CHECK(step.resolutions[0].key == req.key);
+  CHECK(step.resolutions[0].kind == Resolution::failed);
+  CHECK(step.resolutions[0].state_missed);
+  CHECK(index.pending_resolutions() == 0);  // the pump drained the one stream
 
   // A straggler for the settled key is late everywhere.
   { CompletionGuard g(req, 0, load0); }
-  CHECK(pump.step().loads.empty());
-  CHECK(pump.stats().late_reports() == 1);
+  CHECK(pump.step().resolutions.empty());
+  CHECK(pump.stats().late_reports == 1);
   const IndexStats s = index.stats();
   CHECK(s.dispatched == s.completed + s.failed + s.abandoned + s.outstanding);
   CHECK(s.invariant_violations == 0);
@@ -604,4 +688,90 @@ TEST_CASE("quorum internals: the flat map agrees with std::unordered_map under r
     CHECK(model.at(k) == v);
   });
   CHECK(visited == model.size());
+}
+
+// ---- the index resolves, the group forgets; ranks come back --------------------------------
+
+TEST_CASE("R3 a key the index resolved without its ranks leaves the quorum, and its later records are late") {
+  OffloadIndexOptions options;
+  options.slot_count = 4;
+  OffloadIndex<> index(options, [](SlotId) {});
+  TpQuorum group(config(8));
+  SettlementPump<TpQuorum, OffloadIndex<>> pump(group, index);
+  auto report = [&](LoadKey key, std::uint32_t rank) {
+    const CompletionRecord r = rec(key, rank);
+    pump.ingest(rank, std::span<const CompletionRecord>(&r, 1));
+  };
+  const KvSpec kv{0, 256, {PrefixHash{1}}, {BlockId{0}}};
+
+  SUBCASE("an orphan reclaimed after four of eight ranks reported") {
+    auto admission = index.request_load(RequestId{1}, kv, std::nullopt);
+    const LoadKey key = admission.ticket().dispatch().key;
+    for (std::uint32_t r = 0; r < 4; ++r) report(key, r);
+    CHECK(pump.step().resolutions.empty());
+    CHECK(group.stats().pending == 1);
+    REQUIRE(index.orphan(key));
+    CHECK(index.reclaim(std::chrono::steady_clock::now() + 1h, 1s) == 1);
+    const auto step = pump.step();
+    REQUIRE(step.resolutions.size() == 1);
+    CHECK(step.resolutions[0].kind == Resolution::reclaimed);
+    CHECK(group.stats().pending == 0);
+    CHECK(pump.stats().forgotten == 1);
+    for (std::uint32_t r = 4; r < 8; ++r) report(key, r);  // the silent ranks finally speak
+    CHECK(group.stats().pending == 0);
+    CHECK(group.stats().late_reports == 4);
+  }
+  SUBCASE("a live load the engine failed or abandoned by key") {
+    auto a1 = index.request_load(RequestId{1}, kv, std::nullopt);
+    auto a2 = index.request_load(RequestId{2}, kv, std::nullopt);
+    const LoadKey k1 = a1.ticket().dispatch().key;
+    const LoadKey k2 = a2.ticket().dispatch().key;
+    for (std::uint32_t r = 0; r < 4; ++r) {
+      report(k1, r);
+      report(k2, r);
+    }
+    CHECK(group.stats().pending == 2);
+    CHECK(index.fail_all(std::span<const LoadKey>(&k1, 1), false) == 1);
+    CHECK(index.abandon(k2));
+    (void)pump.step();
+    CHECK(group.stats().pending == 0);
+    for (std::uint32_t r = 4; r < 8; ++r) {
+      report(k1, r);
+      report(k2, r);
+    }
+    CHECK(group.stats().pending == 0);  // never re-created: `pending` cannot stay 1 forever
+    CHECK(pump.stats().late_reports == 8);
+  }
+  CHECK(index.stats().invariant_violations == 0);
+}
+
+TEST_CASE("R4 a rank that came back counts for loads issued after its return, never for a record from before") {
+  PumpFixture f(config(2));
+  f.index.outstanding.insert(lk(1, 3));
+  f.index.outstanding.insert(lk(2, 4));
+  f.index.outstanding.insert(lk(3, 6));
+  f.send(rec(lk(1, 3), 0));
+  f.pump.mark_rank_dead(1);
+  auto loads = f.step_loads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0] == Settlement{lk(1, 3), false, false});
+
+  f.index.last = Generation{5};  // generations up to 5 were issued while rank 1 was down
+  f.pump.mark_rank_alive(1);
+  CHECK(f.group.stats().live_ranks == 2);
+  f.send(rec(lk(2, 4), 1));  // sent before the death: does not count
+  CHECK(f.group.stats().dead_rank_reports == 1);
+  CHECK(f.group.stats().pending == 0);
+  f.send(rec(lk(2, 4), 0));  // rank 0 alone settles it, failed: rank 1 stood substituted
+  loads = f.step_loads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0] == Settlement{lk(2, 4), false, false});
+
+  f.send(rec(lk(3, 6), 0));  // issued after the return: waits for rank 1
+  CHECK(f.step_loads().empty());
+  f.send(rec(lk(3, 6), 1));
+  loads = f.step_loads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0] == Settlement{lk(3, 6), true, false});
+  CHECK(error_of([&] { f.pump.mark_rank_alive(2); }).find("rank 2") != std::string::npos);
 }

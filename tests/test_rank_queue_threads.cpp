@@ -21,12 +21,12 @@ namespace {
 constexpr std::uint64_t total_records = 1'000'000;
 constexpr std::uint64_t per_lane = total_records / 2;
 
-// Lane L's i-th record: every third one is a StoreRecord, so both kinds share the FIFO.
+// Lane L's i-th record: every third one is a SaveRecord, so both kinds share the FIFO.
 // The lane travels in the generation (L + 1), the sequence number in the request / hash.
 void produce(LaneEmitter& lane, std::uint64_t lane_id) {
   for (std::uint64_t i = 0; i < per_lane; ++i) {
     if (i % 3 == 2) {
-      lane.emit(StoreRecord{StoreKey{PrefixHash{i}, Generation{lane_id + 1}}, 0, true, i % 2 == 0, Reason::none});
+      lane.emit(SaveRecord{StoreKey{PrefixHash{i}, Generation{lane_id + 1}}, 0, SavePhase::stored, i % 2 == 0, Reason::none});
     } else {
       lane.emit(CompletionRecord{LoadKey{RequestId{i}, Generation{lane_id + 1}}, 0, KvOutcome::ok, StateOutcome::none,
                                  Reason::none});
@@ -49,7 +49,7 @@ struct OrderCheck {
     ++next[lane];
   }
   void operator()(const CompletionRecord& r) noexcept { check(r.key.generation.value - 1, r.key.request.value, false); }
-  void operator()(const StoreRecord& r) noexcept { check(r.key.generation.value - 1, r.key.hash.value, true); }
+  void operator()(const SaveRecord& r) noexcept { check(r.key.generation.value - 1, r.key.hash.value, true); }
 };
 
 }  // namespace

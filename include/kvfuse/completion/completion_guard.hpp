@@ -1,7 +1,7 @@
-// kvfuse/completion/completion_guard.hpp — exactly one record per dispatch per rank (R1).
+// kvfuse/completion/completion_guard.hpp — exactly one record per load and two per save, per rank (R1).
 //
-// A load task constructs a CompletionGuard on its first line; a save task a StoreGuard.
-// The destructor emits the one record, on every path out of the scope: a return, an early
+// A load task constructs a CompletionGuard on its first line; a save task a SaveGuard.
+// The destructor emits the one record (a SaveGuard: the two records), on every path out of the scope: a return, an early
 // return, an exception unwinding, a refused leg, a leg that never ran. No path can skip
 // it because no path can skip a destructor.
 //
@@ -44,8 +44,8 @@ struct LoadLegs {
 /// `none`; state `failed` if it has a state leg, else `none`. Report calls move them on.
 /// Failure is sticky within a leg: once a leg reported a failure (failed, missed, refused),
 /// a later success report for that leg is ignored, so a failure is never overwritten.
-/// The record's reason is the first failure reported; if none was but a leg never
-/// reported, it is leg_not_run (exception while unwinding).
+/// Each leg's reason is its first failure; a leg that never reported gets leg_not_run
+/// (exception while unwinding). A load with neither leg is invalid_spec on both.
 ///
 /// Not thread-safe: one guard belongs to the load task that made it. A concurrent state
 /// leg reports its outcome to the task, which joins it and calls state() (R9). Every
@@ -91,7 +91,7 @@ class CompletionGuard {
     if (kv_failed_) return;
     kv_ = KvOutcome::failed;
     kv_reported_ = kv_failed_ = true;
-    note(reason);
+    kv_reason_ = reason;
   }
 
   /// The state leg's outcome. `restored` is ignored after a failure of the leg, and on a
@@ -118,11 +118,11 @@ class CompletionGuard {
     }
     state_ = outcome;
     state_reported_ = state_failed_ = true;
-    note(reason);
+    state_reason_ = reason;
   }
 
   /// Fails every leg the load has that has not already reported a failure, with
-  /// `reason` (e.g. Reason::exception from a catch block, Reason::shutdown). A miss or a
+  /// `reason` (e.g. Reason::exception from a catch block). A miss or a
   /// refusal already reported stands, so an exception never hides a genuine miss.
   void fail_all(Reason reason) noexcept {
     if (has_kv_) kv_failed(reason);
@@ -133,20 +133,18 @@ class CompletionGuard {
   [[nodiscard]] CompletionRecord record() const noexcept { return build(false); }
 
  private:
-  void note(Reason reason) noexcept {
-    if (first_reason_ == Reason::none) first_reason_ = reason;
-  }
-
   [[nodiscard]] CompletionRecord build(bool unwinding) const noexcept {
     CompletionRecord r;
     r.key = key_;
     r.rank = rank_;
     r.kv = kv_;
     r.state = state_;
-    r.reason = first_reason_;
-    const bool unreported = (has_kv_ && !kv_reported_) || (has_state_ && !state_reported_);
-    if (r.reason == Reason::none && unreported) r.reason = unwinding ? Reason::exception : Reason::leg_not_run;
-    if (r.reason == Reason::none && !has_kv_ && !has_state_) r.reason = Reason::invalid_spec;
+    r.kv_reason = kv_reason_;
+    r.state_reason = state_reason_;
+    const Reason unrun = unwinding ? Reason::exception : Reason::leg_not_run;
+    if (has_kv_ && !kv_reported_) r.kv_reason = unrun;
+    if (has_state_ && !state_reported_) r.state_reason = unrun;
+    if (!has_kv_ && !has_state_) r.kv_reason = r.state_reason = Reason::invalid_spec;
     return r;
   }
 
@@ -155,7 +153,8 @@ class CompletionGuard {
   std::uint32_t rank_;
   KvOutcome kv_;
   StateOutcome state_;
-  Reason first_reason_ = Reason::none;
+  Reason kv_reason_ = Reason::none;
+  Reason state_reason_ = Reason::none;
   bool has_kv_;
   bool has_state_;
   bool kv_reported_ = false;
@@ -165,34 +164,44 @@ class CompletionGuard {
   int uncaught_at_start_;
 };
 
-/// Emits exactly one StoreRecord for one save (state store or KV save) on one rank when
-/// it goes out of scope.
+/// Emits exactly two SaveRecords for one save (state checkpoint or KV save) on one rank:
+/// `released` as soon as the task calls release_source() (or, at the latest, when the guard
+/// goes out of scope), then `stored` when the guard goes out of scope. Both are certain on
+/// every path, so a save can never pin its source or its engine entry by forgetting to
+/// report (R1 for saves).
 ///
-/// Defaults: stored = false, source_released = false. The second default is the safe one
-/// because the two ways to be wrong are not symmetric: reporting a source released while
-/// a gather may still read it lets the engine hand those blocks to another request and
-/// corrupts the saved bytes silently; reporting it unreleased only keeps the blocks pinned,
-/// which the engine sees (the save settles with source_released = false). So the task
-/// calls release_source() when it knows no read of the source can still be pending: after
-/// it observed the gather finish, or on a path that provably issued no gather (refused,
-/// no tier). An exception between issuing the gather and observing it leaves it false.
+/// Releasing is the task's call because the two ways to be wrong are not symmetric:
+/// reporting a source released while a gather may still read it lets the engine hand those
+/// blocks to another request and corrupts the saved bytes silently; keeping it pinned only
+/// costs memory, visibly. So the task calls release_source() when it knows no read of the
+/// source can still be pending: after it observed the gather finish (typically before the
+/// tier put, so the engine frees blocks long before the store lands), or on a path that
+/// provably issued no gather. If the guard dies without that call, the released record
+/// says ok = false with Reason::source_unconfirmed: the engine keeps the source pinned.
+/// The Connector never lets that happen short of a device that cannot synchronize: after
+/// the leg returns or throws it synchronizes the lane's stream and releases.
 ///
 /// Not thread-safe: one guard belongs to the save task that made it. Non-copyable and
 /// non-movable. Every method is noexcept.
 template <RecordEmitter E>
-class StoreGuard {
+class SaveGuard {
  public:
   /// Guards the save `key` on `rank`. noexcept.
-  StoreGuard(StoreKey key, std::uint32_t rank, E& emitter) noexcept
+  SaveGuard(StoreKey key, std::uint32_t rank, E& emitter) noexcept
       : emitter_(emitter), key_(key), rank_(rank), uncaught_at_start_(std::uncaught_exceptions()) {}
 
-  StoreGuard(const StoreGuard&) = delete;
-  StoreGuard& operator=(const StoreGuard&) = delete;
-  StoreGuard(StoreGuard&&) = delete;
-  StoreGuard& operator=(StoreGuard&&) = delete;
+  SaveGuard(const SaveGuard&) = delete;
+  SaveGuard& operator=(const SaveGuard&) = delete;
+  SaveGuard(SaveGuard&&) = delete;
+  SaveGuard& operator=(SaveGuard&&) = delete;
 
-  /// Emits the record. Runs on every path out of the guarded scope.
-  ~StoreGuard() { emitter_.emit(build(std::uncaught_exceptions() > uncaught_at_start_)); }
+  /// Emits what is still owed: `released` (unconfirmed, if release_source() was never
+  /// called), then `stored`. Runs on every path out of the guarded scope.
+  ~SaveGuard() {
+    const bool unwinding = std::uncaught_exceptions() > uncaught_at_start_;
+    if (!released_) emitter_.emit(SaveRecord{key_, rank_, SavePhase::released, false, Reason::source_unconfirmed});
+    emitter_.emit(stored_record(unwinding));
+  }
 
   /// This rank's tier holds the bytes. Ignored after fail() (failure is sticky).
   void stored_ok() noexcept {
@@ -207,16 +216,22 @@ class StoreGuard {
     reason_ = reason;
   }
 
-  /// No read of the source can still be pending: the gather finished, or none was issued.
-  void release_source() noexcept { released_ = true; }
+  /// No read of the source can still be pending: emits the `released` record now (once;
+  /// later calls do nothing). Call it from the save task's thread only.
+  void release_source() noexcept {
+    if (released_) return;
+    released_ = true;
+    emitter_.emit(SaveRecord{key_, rank_, SavePhase::released, true, Reason::none});
+  }
 
-  /// Applies a save leg's verdict — any type with `stored`, `source_released` and `reason`
-  /// members (the worker's SaveVerdict): stored_ok() or fail(reason), then release_source()
-  /// if released. The sticky-failure rule still holds.
+  /// Whether the `released` record has been emitted. noexcept.
+  [[nodiscard]] bool source_released() const noexcept { return released_; }
+
+  /// Applies a save leg's verdict — any type with `stored` and `reason` members (the
+  /// worker's SaveVerdict): stored_ok() or fail(reason). The sticky-failure rule holds.
   template <class Verdict>
     requires requires(const Verdict& v) {
       { v.stored } -> std::convertible_to<bool>;
-      { v.source_released } -> std::convertible_to<bool>;
       { v.reason } -> std::convertible_to<Reason>;
     }
   void set(const Verdict& v) noexcept {
@@ -225,20 +240,14 @@ class StoreGuard {
     } else {
       fail(static_cast<Reason>(v.reason));
     }
-    if (static_cast<bool>(v.source_released)) release_source();
   }
 
-  /// The record as it would be emitted if the scope ended normally now. noexcept.
-  [[nodiscard]] StoreRecord record() const noexcept { return build(false); }
+  /// The `stored` record as it would be emitted if the scope ended normally now. noexcept.
+  [[nodiscard]] SaveRecord record() const noexcept { return stored_record(false); }
 
  private:
-  [[nodiscard]] StoreRecord build(bool unwinding) const noexcept {
-    StoreRecord r;
-    r.key = key_;
-    r.rank = rank_;
-    r.stored = stored_;
-    r.source_released = released_;
-    r.reason = reason_;
+  [[nodiscard]] SaveRecord stored_record(bool unwinding) const noexcept {
+    SaveRecord r{key_, rank_, SavePhase::stored, stored_, reason_};
     if (!stored_ && r.reason == Reason::none) r.reason = unwinding ? Reason::exception : Reason::leg_not_run;
     return r;
   }

@@ -32,28 +32,29 @@ enum class MergeResult : std::uint8_t {
 struct GroupStats {
   std::uint64_t records = 0;            ///< records offered to the merger (loads and stores)
   std::uint64_t settled = 0;            ///< load settlements produced
-  std::uint64_t store_settled = 0;      ///< store settlements produced
+  std::uint64_t save_settled = 0;       ///< save settlements produced (one per phase)
   std::uint64_t late_reports = 0;       ///< records for settled / unknown / reclaimed keys, dropped (R3)
   std::uint64_t duplicate_reports = 0;  ///< second reports of a rank for a still-pending key
   std::uint64_t invalid_reports = 0;    ///< records with a rank out of range or from the wrong source
-  std::uint64_t dead_rank_reports = 0;  ///< records from ranks marked dead, dropped
+  std::uint64_t dead_rank_reports = 0;  ///< records from ranks dead for their key, dropped
+  std::uint64_t forgotten = 0;          ///< pending load keys dropped because the index resolved them (forget)
   std::uint64_t pending = 0;            ///< load keys heard from some rank but not yet all (never expire)
-  std::uint64_t pending_stores = 0;     ///< store keys heard from some rank but not yet all
+  std::uint64_t pending_saves = 0;      ///< save keys heard from some rank but not yet settled in both phases
   std::uint64_t tombstones = 0;         ///< settled keys (loads + stores) held in the bounded FIFOs now
   std::uint32_t world_size = 0;
   std::uint32_t live_ranks = 0;
-  /// When the oldest pending load / store key was first reported (the group's clock, see
+  /// When the oldest pending load / save key was first reported (the group's clock, see
   /// set_time); empty when nothing is pending.
   std::optional<std::chrono::steady_clock::time_point> oldest_pending_since;
-  std::optional<std::chrono::steady_clock::time_point> oldest_pending_store_since;
+  std::optional<std::chrono::steady_clock::time_point> oldest_pending_save_since;
   RankQueueStats queues;  ///< lane-queue counters summed over every rank (full waits: R20)
 
-  /// Age of the oldest pending key (load or store) at `now`; zero when nothing is pending.
+  /// Age of the oldest pending key (load or save) at `now`; zero when nothing is pending.
   [[nodiscard]] std::chrono::steady_clock::duration oldest_pending_age(
       std::chrono::steady_clock::time_point now) const noexcept {
     std::optional<std::chrono::steady_clock::time_point> oldest = oldest_pending_since;
-    if (oldest_pending_store_since && (!oldest || *oldest_pending_store_since < *oldest))
-      oldest = oldest_pending_store_since;
+    if (oldest_pending_save_since && (!oldest || *oldest_pending_save_since < *oldest))
+      oldest = oldest_pending_save_since;
     return oldest && now > *oldest ? now - *oldest : std::chrono::steady_clock::duration::zero();
   }
 };
@@ -66,20 +67,20 @@ struct AdmitArchetype {
 };
 struct SinkArchetype {
   void operator()(const Settlement&) noexcept;
-  void operator()(const StoreSettlement&) noexcept;
+  void operator()(const SaveSettlement&) noexcept;
 };
 struct DrainArchetype {
   void operator()(std::uint32_t rank, const CompletionRecord&) noexcept;
-  void operator()(std::uint32_t rank, const StoreRecord&) noexcept;
+  void operator()(std::uint32_t rank, const SaveRecord&) noexcept;
 };
 }  // namespace detail
 
 /// A rank-side record sink: `e.emit(const CompletionRecord&) noexcept` and
-/// `e.emit(const StoreRecord&) noexcept`. Contract beyond the signatures: called from exactly
+/// `e.emit(const SaveRecord&) noexcept`. Contract beyond the signatures: called from exactly
 /// one producing thread (the lane that owns the emitter); never loses a record; never blocks
 /// on the consumer except the counted back-off of a full queue.
 template <class E>
-concept RecordEmitter = requires(E& e, const CompletionRecord& load, const StoreRecord& store) {
+concept RecordEmitter = requires(E& e, const CompletionRecord& load, const SaveRecord& store) {
   { e.emit(load) } noexcept;
   { e.emit(store) } noexcept;
 };
@@ -93,9 +94,9 @@ concept AdmitPolicy = requires(A& admit, LoadKey load, StoreKey store) {
 };
 
 /// An engine-side receiver of settlements: sink(const Settlement&) and
-/// sink(const StoreSettlement&), noexcept. Called once per settled key.
+/// sink(const SaveSettlement&), noexcept. Called once per settled key.
 template <class S>
-concept SettlementSink = requires(S& sink, const Settlement& load, const StoreSettlement& store) {
+concept SettlementSink = requires(S& sink, const Settlement& load, const SaveSettlement& store) {
   { sink(load) } noexcept;
   { sink(store) } noexcept;
 };
@@ -106,13 +107,15 @@ concept SettlementSink = requires(S& sink, const Settlement& load, const StoreSe
 ///   drain(visitor)                     visitor(rank, record) for every queued record; engine thread
 ///   merge(source_rank, record, admit, sink)   one record into the merge; engine thread, noexcept
 ///   mark_rank_dead(rank, sink)         stop waiting on `rank`; engine thread
+///   mark_rank_alive(rank, generation)  count `rank` again for keys from `generation` on; engine thread
+///   forget(load_key)                   drop a key the index resolved without its ranks; engine thread, noexcept
 ///   set_time(now)                      the time stamped on keys first seen from now on
 ///   stats()                            GroupStats, O(1)
 template <class G>
 concept CompletionGroup =
     requires { typename G::Emitter; } && RecordEmitter<typename G::Emitter> &&
-    requires(G& g, const G& cg, std::uint32_t rank, std::size_t lane, const CompletionRecord& load,
-             const StoreRecord& store, detail::AdmitArchetype& admit, detail::SinkArchetype& sink,
+    requires(G& g, const G& cg, std::uint32_t rank, std::size_t lane, const LoadKey& load_key, const CompletionRecord& load,
+             const SaveRecord& store, detail::AdmitArchetype& admit, detail::SinkArchetype& sink,
              detail::DrainArchetype& visitor, std::chrono::steady_clock::time_point now) {
       { cg.world_size() } noexcept -> std::same_as<std::uint32_t>;
       { g.emitter(rank, lane) } -> std::same_as<typename G::Emitter>;
@@ -120,6 +123,8 @@ concept CompletionGroup =
       { g.merge(rank, load, admit, sink) } noexcept -> std::same_as<MergeResult>;
       { g.merge(rank, store, admit, sink) } noexcept -> std::same_as<MergeResult>;
       g.mark_rank_dead(rank, sink);
+      g.mark_rank_alive(rank, Generation{});
+      { g.forget(load_key) } noexcept;
       { g.set_time(now) } noexcept;
       { cg.stats() } noexcept -> std::same_as<GroupStats>;
     };

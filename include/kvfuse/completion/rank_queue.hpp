@@ -40,9 +40,9 @@
 namespace kvfuse {
 
 /// Which record an envelope carries.
-enum class RecordKind : std::uint8_t { load = 0, store = 1 };
+enum class RecordKind : std::uint8_t { load = 0, save = 1 };
 
-/// A CompletionRecord or a StoreRecord, tagged: the element type of every lane queue.
+/// A CompletionRecord or a SaveRecord, tagged: the element type of every lane queue.
 /// Trivially copyable and default constructible, as Boost.Lockfree 1.74 requires; 32 bytes.
 struct RecordEnvelope {
   alignas(8) std::array<std::byte, sizeof(CompletionRecord)> payload{};  ///< the record's in-memory bytes
@@ -52,8 +52,8 @@ struct RecordEnvelope {
   static constexpr RecordEnvelope wrap(const CompletionRecord& r) noexcept {
     return RecordEnvelope{std::bit_cast<std::array<std::byte, sizeof(CompletionRecord)>>(r), RecordKind::load};
   }
-  static constexpr RecordEnvelope wrap(const StoreRecord& r) noexcept {
-    return RecordEnvelope{std::bit_cast<std::array<std::byte, sizeof(StoreRecord)>>(r), RecordKind::store};
+  static constexpr RecordEnvelope wrap(const SaveRecord& r) noexcept {
+    return RecordEnvelope{std::bit_cast<std::array<std::byte, sizeof(SaveRecord)>>(r), RecordKind::save};
   }
   /// Calls visitor(record) with the record this envelope carries. noexcept if the visitor is.
   template <class Visitor>
@@ -61,11 +61,11 @@ struct RecordEnvelope {
     if (kind == RecordKind::load) {
       visitor(std::bit_cast<CompletionRecord>(payload));
     } else {
-      visitor(std::bit_cast<StoreRecord>(payload));
+      visitor(std::bit_cast<SaveRecord>(payload));
     }
   }
 };
-static_assert(sizeof(StoreRecord) == sizeof(CompletionRecord));
+static_assert(sizeof(SaveRecord) == sizeof(CompletionRecord));
 static_assert(std::is_trivially_copyable_v<RecordEnvelope> && std::is_default_constructible_v<RecordEnvelope>);
 static_assert(sizeof(RecordEnvelope) == 32);
 
@@ -151,7 +151,7 @@ class LaneEmitter {
   /// it backs off until the consumer makes room (never drops, counts the wait). Lane thread
   /// only; noexcept. Precondition: this handle was not moved from.
   void emit(const CompletionRecord& r) noexcept { push(RecordEnvelope::wrap(r)); }
-  void emit(const StoreRecord& r) noexcept { push(RecordEnvelope::wrap(r)); }
+  void emit(const SaveRecord& r) noexcept { push(RecordEnvelope::wrap(r)); }
 
   /// The rank and lane this handle pushes into.
   [[nodiscard]] std::uint32_t rank() const noexcept { return rank_; }
@@ -242,7 +242,7 @@ class RankQueue {
   }
 
   /// Hands every record queued now to `visitor` — visitor(const CompletionRecord&) and
-  /// visitor(const StoreRecord&) — lane by lane, FIFO within a lane. Takes a snapshot per
+  /// visitor(const SaveRecord&) — lane by lane, FIFO within a lane. Takes a snapshot per
   /// lane, so it returns even while producers keep pushing. Consumer thread only; wait-free
   /// apart from the visitor, never blocks a producer; noexcept (the visitor must not throw).
   /// Returns the number of records visited.

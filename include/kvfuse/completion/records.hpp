@@ -1,4 +1,4 @@
-// kvfuse/completion/records.hpp — what a rank reports back: one record per load, one per save.
+// kvfuse/completion/records.hpp — what a rank reports back: one record per load, two per save.
 //
 // Records are fixed-size and trivially copyable so any transport (SPSC queue, shared
 // memory, RPC) can carry them. The byte layout is documented beside each struct.
@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <type_traits>
 
 #include <kvfuse/engine/ids.hpp>
@@ -31,8 +32,9 @@ enum class StateOutcome : std::uint8_t {
   refused = 4,   ///< the rank refused the spec at the boundary (R11); never retracts
 };
 
-/// Why a leg did not succeed. One code per record: the first problem found.
-enum class Reason : std::uint16_t {
+/// Why a leg did not succeed. Each leg of a record carries its own (kv_reason,
+/// state_reason), so a load whose two legs failed for two reasons reports both.
+enum class Reason : std::uint8_t {
   none = 0,
   kv_chunk_missing = 1,       ///< a chunk in [hbm, end) was not in the tier
   kv_transfer_failed = 2,     ///< a tier read or device copy failed on the KV leg
@@ -43,43 +45,75 @@ enum class Reason : std::uint16_t {
   entry_size_mismatch = 7,    ///< the stored entry's size does not match the slot
   nonzero_hbm_floor = 8,      ///< a stateful DSV4 load with hbm > 0
   sidecar_mismatch = 9,       ///< the stored entry's boundary hash or length disagrees with the spec
-  leg_not_run = 10,           ///< the leg never ran (an earlier failure, shutdown)
+  leg_not_run = 10,           ///< the leg never ran (an earlier failure, or the task forgot to report it)
   exception = 11,             ///< a leg threw; the guard caught it and reported
   no_tier = 12,               ///< this rank has no tier (capability said no)
-  invalid_spec = 13,          ///< the KV spec is malformed (keys or blocks do not cover [hbm, end))
-  shutdown = 14,              ///< the connector was shutting down
+  invalid_spec = 13,          ///< the request or save is malformed (no leg at all, or keys/blocks do not cover the range)
+  source_unconfirmed = 14,    ///< a save could not confirm that nothing reads its source (the device failed to synchronize)
 };
 
 /// The highest Reason value this build knows. from_bytes refuses anything above it, so a
 /// record from a newer peer is reported as corrupt rather than misread. Keep it last.
-inline constexpr Reason last_reason = Reason::shutdown;
+inline constexpr Reason last_reason = Reason::source_unconfirmed;
 
-/// One rank's report on one load. Layout (24 bytes, little-endian on the wire):
-///   [0,8) request id  [8,16) generation  [16,20) rank  [20] kv  [21] state  [22,24) reason
-/// (to_bytes / completion_from_bytes below; the in-memory struct has the same offsets).
+/// Short, stable name of a Reason ("kv_chunk_missing", ...), for engine logs.
+/// Thread-safe, constexpr, noexcept.
+constexpr std::string_view to_string(Reason r) noexcept {
+  switch (r) {
+    case Reason::none: return "none";
+    case Reason::kv_chunk_missing: return "kv_chunk_missing";
+    case Reason::kv_transfer_failed: return "kv_transfer_failed";
+    case Reason::state_transfer_failed: return "state_transfer_failed";
+    case Reason::slot_out_of_range: return "slot_out_of_range";
+    case Reason::grid_mismatch: return "grid_mismatch";
+    case Reason::kv_end_mismatch: return "kv_end_mismatch";
+    case Reason::entry_size_mismatch: return "entry_size_mismatch";
+    case Reason::nonzero_hbm_floor: return "nonzero_hbm_floor";
+    case Reason::sidecar_mismatch: return "sidecar_mismatch";
+    case Reason::leg_not_run: return "leg_not_run";
+    case Reason::exception: return "exception";
+    case Reason::no_tier: return "no_tier";
+    case Reason::invalid_spec: return "invalid_spec";
+    case Reason::source_unconfirmed: return "source_unconfirmed";
+  }
+  return "unknown_reason";
+}
+
+/// Which of a save's two reports a SaveRecord is (DESIGN section 5). Every save yields
+/// both, in this order, from every rank.
+enum class SavePhase : std::uint8_t {
+  released = 1,  ///< nothing on this rank reads the save's source any more: the engine may reuse it
+  stored = 2,    ///< the save ended on this rank; `ok` says whether its tier holds the bytes
+};
+
+/// One rank's report on one load. In memory the struct is 24 bytes; on the wire it is
+/// the 32-byte layout documented at to_bytes below.
 struct CompletionRecord {
   LoadKey key;
   std::uint32_t rank = 0;
   KvOutcome kv = KvOutcome::none;
   StateOutcome state = StateOutcome::none;
-  Reason reason = Reason::none;
+  Reason kv_reason = Reason::none;     ///< why the KV leg did not succeed; none if it did or is absent
+  Reason state_reason = Reason::none;  ///< why the state leg did not succeed; none if it did or is absent
   friend bool operator==(const CompletionRecord&, const CompletionRecord&) = default;
 };
 
-/// One rank's report on one save (state store or KV save; DESIGN section 5). Layout
-/// (24 bytes): [0,8) hash  [8,16) generation  [16,20) rank  [20] stored (0|1)
-///   [21] source_released (0|1)  [22,24) reason  (to_bytes / store_from_bytes below).
-struct StoreRecord {
+/// One rank's report on one phase of one save (state checkpoint or KV save; DESIGN
+/// section 5). A rank sends two per save: `released`, then `stored`.
+///   released: ok = nothing reads the source any more (false only if that could not be
+///             confirmed: the source must stay pinned);
+///   stored:   ok = this rank's tier holds the bytes.
+struct SaveRecord {
   StoreKey key;
   std::uint32_t rank = 0;
-  bool stored = false;           ///< the bytes are in this rank's tier
-  bool source_released = false;  ///< the gather finished: the device source may be reused
-  Reason reason = Reason::none;
-  friend bool operator==(const StoreRecord&, const StoreRecord&) = default;
+  SavePhase phase = SavePhase::stored;
+  bool ok = false;
+  Reason reason = Reason::none;  ///< why ok is false; none when ok
+  friend bool operator==(const SaveRecord&, const SaveRecord&) = default;
 };
 
 static_assert(std::is_trivially_copyable_v<CompletionRecord> && sizeof(CompletionRecord) == 24);
-static_assert(std::is_trivially_copyable_v<StoreRecord> && sizeof(StoreRecord) == 24);
+static_assert(std::is_trivially_copyable_v<SaveRecord> && sizeof(SaveRecord) == 24);
 
 /// Whether one rank's record says the load succeeded on that rank: every leg it had
 /// succeeded (KV ok or absent, state restored or absent) and it had at least one leg.
@@ -107,21 +141,43 @@ struct Settlement {
   friend bool operator==(const Settlement&, const Settlement&) = default;
 };
 
-/// The engine-side verdict on one save, after the group merged every rank's record.
-struct StoreSettlement {
+/// The engine-side verdict on one phase of one save, after the group merged every live
+/// rank's record of that phase.
+///   released: ok = every rank released the source: the engine may free the source units
+///             (early block release, long before the store lands);
+///   stored:   ok = every rank stored: a state save's hash may be indexed.
+struct SaveSettlement {
   StoreKey key;
-  bool stored = false;           ///< every rank stored: index the hash
-  bool source_released = false;  ///< every rank released: the engine may free the source units
-  friend bool operator==(const StoreSettlement&, const StoreSettlement&) = default;
+  SavePhase phase = SavePhase::stored;
+  bool ok = false;
+  friend bool operator==(const SaveSettlement&, const SaveSettlement&) = default;
 };
 
 // ---------------------------------------------------------------------------------------
-// Wire format. Both records are 24 bytes, little-endian, no padding, no version byte: the
-// layout is the one documented on each struct. Encoding is explicit byte by byte, so the
-// bytes are the same on any host; on a little-endian host the compiler reduces it to moves.
+// Wire format, version 2. Both records encode to 32 bytes, little-endian, explicit byte by
+// byte (the same bytes on any host; on a little-endian host the compiler reduces it to
+// moves). Version 1 was a 24-byte layout with one reason per record; a v1 buffer is
+// refused by size.
+//
+//   CompletionRecord                         SaveRecord
+//   [0,8)   request id                       [0,8)   prefix hash
+//   [8,16)  generation                       [8,16)  generation
+//   [16,20) rank                             [16,20) rank
+//   [20]    format version (2)               [20]    format version (2)
+//   [21]    record kind (1 = load)           [21]    record kind (2 = save)
+//   [22]    KvOutcome                        [22]    SavePhase
+//   [23]    StateOutcome                     [23]    ok (0 | 1)
+//   [24,26) kv_reason                        [24,26) reason
+//   [26,28) state_reason                     [26,32) zero
+//   [28,32) zero
+// Decoders refuse (never misread) a wrong size, version or kind, an unknown enum value, a
+// flag other than 0 or 1, and nonzero reserved bytes.
 
-/// Bytes of one encoded CompletionRecord or StoreRecord.
-inline constexpr std::size_t record_wire_bytes = 24;
+/// Bytes of one encoded CompletionRecord or SaveRecord.
+inline constexpr std::size_t record_wire_bytes = 32;
+
+/// The wire format version this build writes and reads.
+inline constexpr std::uint8_t record_format_version = 2;
 
 /// The encoded form of one record.
 using RecordBytes = std::array<std::byte, record_wire_bytes>;
@@ -129,11 +185,15 @@ using RecordBytes = std::array<std::byte, record_wire_bytes>;
 /// Why from_bytes refused a buffer. Every refusal is reported; no input is undefined behaviour.
 enum class DecodeError : std::uint8_t {
   none = 0,
-  wrong_size = 1,     ///< the buffer is not exactly record_wire_bytes long (truncated or padded)
-  bad_kv = 2,         ///< byte 20 is not a KvOutcome
-  bad_state = 3,      ///< byte 21 is not a StateOutcome
-  bad_reason = 4,     ///< bytes [22,24) are above last_reason
-  bad_bool = 5,       ///< a StoreRecord flag byte is neither 0 nor 1
+  wrong_size = 1,     ///< the buffer is not exactly record_wire_bytes long (truncated, padded, or v1)
+  bad_kv = 2,         ///< byte 22 of a load record is not a KvOutcome
+  bad_state = 3,      ///< byte 23 of a load record is not a StateOutcome
+  bad_reason = 4,     ///< a reason is above last_reason
+  bad_bool = 5,       ///< the ok byte of a save record is neither 0 nor 1
+  bad_version = 6,    ///< byte 20 is not record_format_version
+  wrong_kind = 7,     ///< byte 21 names the other record type
+  bad_phase = 8,      ///< byte 22 of a save record is not a SavePhase
+  bad_reserved = 9,   ///< a reserved byte is not zero
 };
 
 /// The result of decoding: `record` is meaningful only when `error == DecodeError::none`.
@@ -146,122 +206,111 @@ struct Decoded {
 };
 
 namespace detail {
-constexpr void put_u64(std::byte* out, std::uint64_t v) noexcept {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xffU);
+inline constexpr std::uint8_t load_record_kind = 1;
+inline constexpr std::uint8_t save_record_kind = 2;
+
+constexpr void put_le(std::byte* out, std::uint64_t v, int bytes) noexcept {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xffU);
 }
-constexpr void put_u32(std::byte* out, std::uint32_t v) noexcept {
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xffU);
-}
-constexpr void put_u16(std::byte* out, std::uint16_t v) noexcept {
-  out[0] = static_cast<std::byte>(v & 0xffU);
-  out[1] = static_cast<std::byte>((v >> 8) & 0xffU);
-}
-constexpr std::uint64_t get_u64(const std::byte* in) noexcept {
+constexpr std::uint64_t get_le(const std::byte* in, int bytes) noexcept {
   std::uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
   return v;
 }
-constexpr std::uint32_t get_u32(const std::byte* in) noexcept {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(in[i]) << (8 * i);
-  return v;
-}
-constexpr std::uint16_t get_u16(const std::byte* in) noexcept {
-  return static_cast<std::uint16_t>(static_cast<std::uint16_t>(in[0]) | (static_cast<std::uint16_t>(in[1]) << 8));
+
+// The checks both decoders share: size, version, kind, reserved bytes from `reserved_from`.
+constexpr DecodeError check_frame(std::span<const std::byte> in, std::uint8_t kind, std::size_t reserved_from) noexcept {
+  if (in.size() != record_wire_bytes) return DecodeError::wrong_size;
+  if (static_cast<std::uint8_t>(in[20]) != record_format_version) return DecodeError::bad_version;
+  if (static_cast<std::uint8_t>(in[21]) != kind) return DecodeError::wrong_kind;
+  for (std::size_t i = reserved_from; i < record_wire_bytes; ++i)
+    if (in[i] != std::byte{0}) return DecodeError::bad_reserved;
+  return DecodeError::none;
 }
 }  // namespace detail
 
-/// Encodes `r` with the layout documented on CompletionRecord. Thread-safe, constexpr, noexcept.
+/// Encodes `r` in wire format version 2 (see above). Thread-safe, constexpr, noexcept.
 [[nodiscard]] constexpr RecordBytes to_bytes(const CompletionRecord& r) noexcept {
   RecordBytes out{};
-  detail::put_u64(out.data() + 0, r.key.request.value);
-  detail::put_u64(out.data() + 8, r.key.generation.value);
-  detail::put_u32(out.data() + 16, r.rank);
-  out[20] = static_cast<std::byte>(r.kv);
-  out[21] = static_cast<std::byte>(r.state);
-  detail::put_u16(out.data() + 22, static_cast<std::uint16_t>(r.reason));
+  detail::put_le(out.data() + 0, r.key.request.value, 8);
+  detail::put_le(out.data() + 8, r.key.generation.value, 8);
+  detail::put_le(out.data() + 16, r.rank, 4);
+  out[20] = static_cast<std::byte>(record_format_version);
+  out[21] = static_cast<std::byte>(detail::load_record_kind);
+  out[22] = static_cast<std::byte>(r.kv);
+  out[23] = static_cast<std::byte>(r.state);
+  detail::put_le(out.data() + 24, static_cast<std::uint16_t>(r.kv_reason), 2);
+  detail::put_le(out.data() + 26, static_cast<std::uint16_t>(r.state_reason), 2);
   return out;
 }
 
-/// Encodes `r` with the layout documented on StoreRecord. Thread-safe, constexpr, noexcept.
-[[nodiscard]] constexpr RecordBytes to_bytes(const StoreRecord& r) noexcept {
+/// Encodes `r` in wire format version 2 (see above). Thread-safe, constexpr, noexcept.
+[[nodiscard]] constexpr RecordBytes to_bytes(const SaveRecord& r) noexcept {
   RecordBytes out{};
-  detail::put_u64(out.data() + 0, r.key.hash.value);
-  detail::put_u64(out.data() + 8, r.key.generation.value);
-  detail::put_u32(out.data() + 16, r.rank);
-  out[20] = static_cast<std::byte>(r.stored ? 1 : 0);
-  out[21] = static_cast<std::byte>(r.source_released ? 1 : 0);
-  detail::put_u16(out.data() + 22, static_cast<std::uint16_t>(r.reason));
+  detail::put_le(out.data() + 0, r.key.hash.value, 8);
+  detail::put_le(out.data() + 8, r.key.generation.value, 8);
+  detail::put_le(out.data() + 16, r.rank, 4);
+  out[20] = static_cast<std::byte>(record_format_version);
+  out[21] = static_cast<std::byte>(detail::save_record_kind);
+  out[22] = static_cast<std::byte>(r.phase);
+  out[23] = static_cast<std::byte>(r.ok ? 1 : 0);
+  detail::put_le(out.data() + 24, static_cast<std::uint16_t>(r.reason), 2);
   return out;
 }
 
-/// Decodes a CompletionRecord. Refuses (never misreads) a buffer of the wrong size or with
-/// an outcome or reason value this build does not know. Thread-safe, constexpr, noexcept.
+/// Decodes a CompletionRecord. Refuses (never misreads) anything but a well-formed v2 load
+/// record. Thread-safe, constexpr, noexcept.
 [[nodiscard]] constexpr Decoded<CompletionRecord> completion_from_bytes(std::span<const std::byte> in) noexcept {
   Decoded<CompletionRecord> d;
-  if (in.size() != record_wire_bytes) {
-    d.error = DecodeError::wrong_size;
-    return d;
-  }
-  const auto kv = static_cast<std::uint8_t>(in[20]);
-  const auto state = static_cast<std::uint8_t>(in[21]);
-  const std::uint16_t reason = detail::get_u16(in.data() + 22);
-  if (kv > static_cast<std::uint8_t>(KvOutcome::failed)) {
-    d.error = DecodeError::bad_kv;
-    return d;
-  }
-  if (state > static_cast<std::uint8_t>(StateOutcome::refused)) {
-    d.error = DecodeError::bad_state;
-    return d;
-  }
-  if (reason > static_cast<std::uint16_t>(last_reason)) {
+  if ((d.error = detail::check_frame(in, detail::load_record_kind, 28)) != DecodeError::none) return d;
+  const auto kv = static_cast<std::uint8_t>(in[22]);
+  const auto state = static_cast<std::uint8_t>(in[23]);
+  const auto kv_reason = detail::get_le(in.data() + 24, 2);
+  const auto state_reason = detail::get_le(in.data() + 26, 2);
+  if (kv > static_cast<std::uint8_t>(KvOutcome::failed)) d.error = DecodeError::bad_kv;
+  else if (state > static_cast<std::uint8_t>(StateOutcome::refused)) d.error = DecodeError::bad_state;
+  else if (kv_reason > static_cast<std::uint16_t>(last_reason) || state_reason > static_cast<std::uint16_t>(last_reason))
     d.error = DecodeError::bad_reason;
-    return d;
-  }
-  d.record.key = LoadKey{RequestId{detail::get_u64(in.data())}, Generation{detail::get_u64(in.data() + 8)}};
-  d.record.rank = detail::get_u32(in.data() + 16);
+  if (!d.ok()) return d;
+  d.record.key = LoadKey{RequestId{detail::get_le(in.data(), 8)}, Generation{detail::get_le(in.data() + 8, 8)}};
+  d.record.rank = static_cast<std::uint32_t>(detail::get_le(in.data() + 16, 4));
   d.record.kv = static_cast<KvOutcome>(kv);
   d.record.state = static_cast<StateOutcome>(state);
+  d.record.kv_reason = static_cast<Reason>(kv_reason);
+  d.record.state_reason = static_cast<Reason>(state_reason);
+  return d;
+}
+
+/// Decodes a SaveRecord. Refuses (never misreads) anything but a well-formed v2 save
+/// record. Thread-safe, constexpr, noexcept.
+[[nodiscard]] constexpr Decoded<SaveRecord> save_from_bytes(std::span<const std::byte> in) noexcept {
+  Decoded<SaveRecord> d;
+  if ((d.error = detail::check_frame(in, detail::save_record_kind, 26)) != DecodeError::none) return d;
+  const auto phase = static_cast<std::uint8_t>(in[22]);
+  const auto ok = static_cast<std::uint8_t>(in[23]);
+  const auto reason = detail::get_le(in.data() + 24, 2);
+  if (phase != static_cast<std::uint8_t>(SavePhase::released) && phase != static_cast<std::uint8_t>(SavePhase::stored))
+    d.error = DecodeError::bad_phase;
+  else if (ok > 1) d.error = DecodeError::bad_bool;
+  else if (reason > static_cast<std::uint16_t>(last_reason)) d.error = DecodeError::bad_reason;
+  if (!d.ok()) return d;
+  d.record.key = StoreKey{PrefixHash{detail::get_le(in.data(), 8)}, Generation{detail::get_le(in.data() + 8, 8)}};
+  d.record.rank = static_cast<std::uint32_t>(detail::get_le(in.data() + 16, 4));
+  d.record.phase = static_cast<SavePhase>(phase);
+  d.record.ok = ok == 1;
   d.record.reason = static_cast<Reason>(reason);
   return d;
 }
 
-/// Decodes a StoreRecord. Refuses a buffer of the wrong size, a flag byte other than 0 or
-/// 1, or an unknown reason. Thread-safe, constexpr, noexcept.
-[[nodiscard]] constexpr Decoded<StoreRecord> store_from_bytes(std::span<const std::byte> in) noexcept {
-  Decoded<StoreRecord> d;
-  if (in.size() != record_wire_bytes) {
-    d.error = DecodeError::wrong_size;
-    return d;
-  }
-  const auto stored = static_cast<std::uint8_t>(in[20]);
-  const auto released = static_cast<std::uint8_t>(in[21]);
-  const std::uint16_t reason = detail::get_u16(in.data() + 22);
-  if (stored > 1 || released > 1) {
-    d.error = DecodeError::bad_bool;
-    return d;
-  }
-  if (reason > static_cast<std::uint16_t>(last_reason)) {
-    d.error = DecodeError::bad_reason;
-    return d;
-  }
-  d.record.key = StoreKey{PrefixHash{detail::get_u64(in.data())}, Generation{detail::get_u64(in.data() + 8)}};
-  d.record.rank = detail::get_u32(in.data() + 16);
-  d.record.stored = stored == 1;
-  d.record.source_released = released == 1;
-  d.record.reason = static_cast<Reason>(reason);
-  return d;
-}
-
-/// `from_bytes<CompletionRecord>(bytes)` / `from_bytes<StoreRecord>(bytes)`: the same two
+/// `from_bytes<CompletionRecord>(bytes)` / `from_bytes<SaveRecord>(bytes)`: the same two
 /// decoders, chosen by type for generic transports. Thread-safe, constexpr, noexcept.
 template <class Record>
-  requires std::same_as<Record, CompletionRecord> || std::same_as<Record, StoreRecord>
+  requires std::same_as<Record, CompletionRecord> || std::same_as<Record, SaveRecord>
 [[nodiscard]] constexpr Decoded<Record> from_bytes(std::span<const std::byte> in) noexcept {
   if constexpr (std::same_as<Record, CompletionRecord>) {
     return completion_from_bytes(in);
   } else {
-    return store_from_bytes(in);
+    return save_from_bytes(in);
   }
 }
 

@@ -80,13 +80,14 @@ class SingleRank {
     return MergeResult::settled;
   }
 
-  /// Settles one store record at once if `admit(key)`. Engine thread only; noexcept.
+  /// Settles one phase of a save at once if `admit(key)`: the rank's `released` record is
+  /// the released settlement, its `stored` record the stored one. Engine thread only; noexcept.
   template <AdmitPolicy Admit, SettlementSink Sink>
-  MergeResult merge(std::uint32_t source_rank, const StoreRecord& r, Admit& admit, Sink& sink) noexcept {
+  MergeResult merge(std::uint32_t source_rank, const SaveRecord& r, Admit& admit, Sink& sink) noexcept {
     const MergeResult gate = check(source_rank, r.rank, r.key, admit);
     if (gate != MergeResult::settled) return gate;
-    ++counters_.store_settled;
-    sink(StoreSettlement{r.key, r.stored, r.source_released});
+    ++counters_.save_settled;
+    sink(SaveSettlement{r.key, r.phase, r.ok});
     return MergeResult::settled;
   }
 
@@ -103,11 +104,23 @@ class SingleRank {
   /// its index. Throws Error naming the rank if it is not 0. Engine thread.
   template <SettlementSink Sink>
   void mark_rank_dead(std::uint32_t rank, Sink& /*sink*/) {
-    if (rank != 0)
-      throw Error(ErrorCode::invalid_argument,
-                  "cannot mark rank " + std::to_string(rank) + " dead: SingleRank has rank 0 only");
+    check_rank(rank, "dead");
     dead_ = true;
   }
+
+  /// The rank is back: its records count again for keys of generation `first_counted` or
+  /// later; older ones are dropped as dead-rank reports. No-op if it is alive. Throws Error
+  /// naming the rank if it is not 0. Engine thread.
+  void mark_rank_alive(std::uint32_t rank, Generation first_counted) {
+    check_rank(rank, "alive");
+    if (!dead_) return;
+    dead_ = false;
+    counted_from_ = first_counted;
+  }
+
+  /// Nothing is ever pending here: the index's answer (admit) already makes later records
+  /// for `key` late. noexcept.
+  void forget(const LoadKey& /*key*/) noexcept {}
 
   /// No pending keys, so no clock is needed. noexcept.
   void set_time(std::chrono::steady_clock::time_point /*now*/) noexcept {}
@@ -127,6 +140,12 @@ class SingleRank {
   }
 
  private:
+  static void check_rank(std::uint32_t rank, const char* what) {
+    if (rank != 0)
+      throw Error(ErrorCode::invalid_argument,
+                  "cannot mark rank " + std::to_string(rank) + " " + what + ": SingleRank has rank 0 only");
+  }
+
   // Returns `settled` when the record may settle, else the reason it is dropped (counted).
   template <class Key, class Admit>
   MergeResult check(std::uint32_t source_rank, std::uint32_t rank, const Key& key, Admit& admit) noexcept {
@@ -135,7 +154,7 @@ class SingleRank {
       ++counters_.invalid_reports;
       return MergeResult::invalid;
     }
-    if (dead_) {
+    if (dead_ || key.generation < counted_from_) {
       ++counters_.dead_rank_reports;
       return MergeResult::dead_rank;
     }
@@ -147,6 +166,7 @@ class SingleRank {
   }
 
   std::unique_ptr<RankQueue> queue_;
+  Generation counted_from_{};  // records of older generations are from before a restart
   bool dead_ = false;
   GroupStats counters_{};
 };

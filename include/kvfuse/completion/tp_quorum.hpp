@@ -2,16 +2,20 @@
 // the rank side, the failure-dominant quorum on the engine side (R3, R4, R20).
 //
 // A key settles when every rank in the world has a report in: its own record, or the
-// substitute failure that mark_rank_dead(r) stands in for a dead rank. The merge:
+// substitute that stands in for a rank that is dead (mark_rank_dead) or was dead when the
+// key was issued (mark_rank_alive counts a returned rank only for later generations).
+// The merge:
 //   load:  ok           iff every rank's record is record_ok (all legs succeeded)
 //          state_missed iff some rank reported StateOutcome::missed
 //                       (KV failure, transfer failure, refusal, `none`: never retract)
-//   store: stored          iff every rank stored
-//          source_released iff every rank released its source
+//   save:  two phases, each settling on its own:
+//          released ok  iff every rank confirmed nothing reads the source (early block release)
+//          stored ok    iff every rank stored
 // A second report from a rank never counts twice; it is merged failure-dominantly, so a
 // failure is never overwritten by a later success. Settled keys are tombstoned in a
 // bounded FIFO; later reports for them are late and dropped. Pending keys never expire:
-// liveness comes from R1 (every rank reports every dispatch) and mark_rank_dead.
+// liveness comes from R1 (every rank reports every dispatch), mark_rank_dead, and forget()
+// for a key the index resolved without its ranks.
 #pragma once
 
 #include <bit>
@@ -58,7 +62,8 @@ class TpQuorum {
       : world_(check(config).world_size),
         all_mask_(world_ == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << world_) - 1),
         loads_(config.tombstones, config.expected_pending),
-        stores_(config.tombstones, config.expected_pending) {
+        saves_(config.tombstones, config.expected_pending),
+        revived_from_(world_) {
     if (config.lanes_per_rank > 0) {
       queues_.reserve(world_);
       for (std::uint32_t r = 0; r < world_; ++r)
@@ -104,19 +109,76 @@ class TpQuorum {
   /// refuses is late. A settled key goes to `sink` exactly once.
   template <AdmitPolicy Admit, SettlementSink Sink>
   MergeResult merge(std::uint32_t source_rank, const CompletionRecord& r, Admit& admit, Sink& sink) noexcept {
-    return merge_into(loads_, source_rank, r.rank, r.key, admit, sink, [&r](detail::LoadAcc& acc) noexcept {
-      acc.failed |= !record_ok(r);
-      acc.missed |= record_missed_state(r);
-    });
+    const MergeResult gate = gate_record(source_rank, r.rank, r.key.generation);
+    if (gate != MergeResult::counted) return gate;
+    const std::uint64_t bit = std::uint64_t{1} << r.rank;
+    auto* e = loads_.find(r.key);
+    if (e == nullptr) {
+      // Not pending (a pending key is never tombstoned: it is tombstoned when it settles).
+      // Tombstones are the fast path; `admit` (the index) is the truth (R3).
+      if (loads_.tombstoned(r.key) || !static_cast<bool>(admit(r.key))) {
+        ++counters_.late_reports;
+        return MergeResult::late;
+      }
+      const std::uint64_t absent = absent_for(r.key.generation);
+      if ((absent | bit) == all_mask_) {
+        // This report is the only one the key waits for (one live rank): settle without
+        // ever creating a pending entry.
+        loads_.tombstone(r.key);
+        ++counters_.settled;
+        sink(Settlement{r.key, record_ok(r) && absent == 0, record_missed_state(r)});
+        return MergeResult::settled;
+      }
+      e = loads_.create(r.key, now_);
+      e->reported = absent;
+      e->acc.failed = absent != 0;
+    }
+    e->acc.failed |= !record_ok(r);
+    e->acc.missed |= record_missed_state(r);
+    if ((e->reported & bit) != 0) {
+      ++counters_.duplicate_reports;
+      return MergeResult::duplicate;
+    }
+    e->reported |= bit;
+    if (e->reported != all_mask_) return MergeResult::counted;
+    const Settlement s{r.key, !e->acc.failed, e->acc.missed};
+    loads_.settle(r.key);
+    ++counters_.settled;
+    sink(s);
+    return MergeResult::settled;
   }
 
-  /// Merges one store record that arrived from `source_rank`. As above.
+  /// Merges one save record that arrived from `source_rank`. Its phase settles on its own:
+  /// `released` when every rank released, `stored` when every rank stored; the key leaves
+  /// the table once both phases settled. Engine thread only; noexcept.
   template <AdmitPolicy Admit, SettlementSink Sink>
-  MergeResult merge(std::uint32_t source_rank, const StoreRecord& r, Admit& admit, Sink& sink) noexcept {
-    return merge_into(stores_, source_rank, r.rank, r.key, admit, sink, [&r](detail::StoreAcc& acc) noexcept {
-      acc.not_stored |= !r.stored;
-      acc.not_released |= !r.source_released;
-    });
+  MergeResult merge(std::uint32_t source_rank, const SaveRecord& r, Admit& admit, Sink& sink) noexcept {
+    const MergeResult gate = gate_record(source_rank, r.rank, r.key.generation);
+    if (gate != MergeResult::counted) return gate;
+    const std::uint64_t bit = std::uint64_t{1} << r.rank;
+    auto* e = saves_.find(r.key);
+    if (e == nullptr) {
+      if (saves_.tombstoned(r.key) || !static_cast<bool>(admit(r.key))) {
+        ++counters_.late_reports;
+        return MergeResult::late;
+      }
+      e = saves_.create(r.key, now_);
+      const std::uint64_t absent = absent_for(r.key.generation);
+      if (absent != 0) {
+        e->reported = e->acc.released = absent;
+        e->acc.not_stored = true;
+      }
+    }
+    const bool released = r.phase == SavePhase::released;
+    std::uint64_t& mask = released ? e->acc.released : e->reported;
+    if (released) e->acc.not_released |= !r.ok;
+    else e->acc.not_stored |= !r.ok;
+    if ((mask & bit) != 0) {
+      ++counters_.duplicate_reports;
+      return MergeResult::duplicate;
+    }
+    mask |= bit;
+    return advance_save(r.key, *e, sink) ? MergeResult::settled : MergeResult::counted;
   }
 
   /// Merges a batch of records that arrived from `source_rank` (a transport's delivery).
@@ -128,24 +190,67 @@ class TpQuorum {
     return settled;
   }
 
-  /// Declares rank `rank` dead: it will never report again. From now on every key that has
-  /// not heard from it gets a substitute report — load: failed (not missed, so it retracts
-  /// nothing); store: not stored, source released (a dead rank reads nothing). A key whose
-  /// only missing report was this rank's settles now, into `sink`; a key still waiting on
-  /// a live rank settles (failed) when that rank reports, never earlier, because that rank
-  /// may still be writing the destination. Later records from the rank are dropped and
-  /// counted. Idempotent. Throws Error naming the rank if out of range; may allocate
-  /// (std::bad_alloc). Engine thread only. O(pending).
+  /// Declares rank `rank` dead: it will not report again until mark_rank_alive. From now
+  /// on every key that has not heard from it gets a substitute report — load: failed (not
+  /// missed, so it retracts nothing); save: released (a dead rank reads nothing), not
+  /// stored. A key whose only missing report was this rank's settles now, into `sink`; a
+  /// key still waiting on a live rank settles (failed) when that rank reports, never
+  /// earlier, because that rank may still be writing the destination. Later records from
+  /// the rank are dropped and counted. Idempotent. Throws Error naming the rank if out of
+  /// range; may allocate (std::bad_alloc). Engine thread only. O(pending).
   template <SettlementSink Sink>
   void mark_rank_dead(std::uint32_t rank, Sink& sink) {
-    if (rank >= world_)
-      throw Error(ErrorCode::invalid_argument,
-                  "cannot mark rank " + std::to_string(rank) + " dead: world size is " + std::to_string(world_));
+    check_rank(rank, "dead");
     const std::uint64_t bit = std::uint64_t{1} << rank;
     if ((dead_mask_ & bit) != 0) return;
     dead_mask_ |= bit;
-    substitute_dead(loads_, bit, load_scratch_, sink);
-    substitute_dead(stores_, bit, store_scratch_, sink);
+    load_scratch_.clear();
+    loads_.collect([bit](const LoadKey&, const auto& e) noexcept { return (e.reported & bit) == 0; }, load_scratch_);
+    for (const LoadKey& key : load_scratch_) {
+      auto* e = loads_.find(key);
+      e->reported |= bit;
+      e->acc.failed = true;
+      if (e->reported == all_mask_) {
+        const Settlement s{key, false, e->acc.missed};
+        loads_.settle(key);
+        ++counters_.settled;
+        sink(s);
+      }
+    }
+    saves_.collect([bit](const StoreKey&, const auto& e) noexcept { return ((e.reported & e.acc.released) & bit) == 0; },
+                   save_scratch_);
+    for (const StoreKey& key : save_scratch_) {
+      auto* e = saves_.find(key);
+      if ((e->reported & bit) == 0) {
+        e->reported |= bit;
+        e->acc.not_stored = true;
+      }
+      e->acc.released |= bit;
+      (void)advance_save(key, *e, sink);
+    }
+  }
+
+  /// Rank `rank` is back (restarted): it counts again for every load and save whose
+  /// generation is `first_counted` or later, i.e. issued after it returned. Keys issued
+  /// before stay substituted for it, and its records for them are dropped as dead-rank
+  /// reports: a restarted rank lost what it was doing, and a record it sent before it died
+  /// must not count. No-op for a live rank. Throws Error naming the rank if out of range.
+  /// Engine thread only; O(1).
+  void mark_rank_alive(std::uint32_t rank, Generation first_counted) {
+    check_rank(rank, "alive");
+    const std::uint64_t bit = std::uint64_t{1} << rank;
+    if ((dead_mask_ & bit) == 0) return;
+    dead_mask_ &= ~bit;
+    revived_from_[rank] = first_counted;
+    revived_mask_ |= bit;
+  }
+
+  /// The index resolved `key` without its ranks (reclaimed, failed or abandoned by key):
+  /// its pending entry goes, and later records for it are late (R3). O(1); noexcept.
+  /// Engine thread only.
+  void forget(const LoadKey& key) noexcept {
+    if (loads_.find(key) != nullptr) ++counters_.forgotten;
+    loads_.settle(key);
   }
 
   /// Whether `rank` was marked dead. Engine thread.
@@ -161,12 +266,12 @@ class TpQuorum {
   [[nodiscard]] GroupStats stats() const noexcept {
     GroupStats s = counters_;
     s.pending = loads_.pending();
-    s.pending_stores = stores_.pending();
-    s.tombstones = loads_.tombstones() + stores_.tombstones();
+    s.pending_saves = saves_.pending();
+    s.tombstones = loads_.tombstones() + saves_.tombstones();
     s.world_size = world_;
     s.live_ranks = world_ - static_cast<std::uint32_t>(std::popcount(dead_mask_));
     s.oldest_pending_since = loads_.oldest_since();
-    s.oldest_pending_store_since = stores_.oldest_since();
+    s.oldest_pending_save_since = saves_.oldest_since();
     for (const auto& q : queues_) {
       const RankQueueStats qs = q->stats();
       s.queues.drained += qs.drained;
@@ -194,106 +299,69 @@ class TpQuorum {
     return c;
   }
 
-  static Settlement settlement(const LoadKey& key, const detail::LoadAcc& acc) noexcept {
-    return Settlement{key, !acc.failed, acc.missed};
+  void check_rank(std::uint32_t rank, const char* what) const {
+    if (rank >= world_)
+      throw Error(ErrorCode::invalid_argument, "cannot mark rank " + std::to_string(rank) + " " + what +
+                                                   ": world size is " + std::to_string(world_));
   }
-  static StoreSettlement settlement(const StoreKey& key, const detail::StoreAcc& acc) noexcept {
-    return StoreSettlement{key, !acc.not_stored, !acc.not_released};
-  }
-  static void substitute(detail::LoadAcc& acc) noexcept { acc.failed = true; }
-  static void substitute(detail::StoreAcc& acc) noexcept { acc.not_stored = true; }
 
-  template <class Key, class Acc, class Admit, class Sink, class Apply>
-  MergeResult merge_into(detail::QuorumTable<Key, Acc>& table, std::uint32_t source_rank, std::uint32_t rank,
-                         const Key& key, Admit& admit, Sink& sink, Apply&& apply) noexcept {
+  // Ranks that do not report for a key of generation g: the dead, and the returned whose
+  // return came after g was issued. O(1) unless some rank has come back.
+  [[nodiscard]] std::uint64_t absent_for(Generation g) const noexcept {
+    std::uint64_t absent = dead_mask_;
+    for (std::uint64_t m = revived_mask_; m != 0; m &= m - 1) {
+      const int r = std::countr_zero(m);
+      if (g < revived_from_[static_cast<std::size_t>(r)]) absent |= std::uint64_t{1} << r;
+    }
+    return absent;
+  }
+
+  // The checks every record passes before it reaches a table: `counted` lets it through.
+  MergeResult gate_record(std::uint32_t source_rank, std::uint32_t rank, Generation g) noexcept {
     ++counters_.records;
     if (rank >= world_ || rank != source_rank) {
       ++counters_.invalid_reports;
       return MergeResult::invalid;
     }
-    const std::uint64_t bit = std::uint64_t{1} << rank;
-    if ((dead_mask_ & bit) != 0) {
+    if ((absent_for(g) & (std::uint64_t{1} << rank)) != 0) {
       ++counters_.dead_rank_reports;
       return MergeResult::dead_rank;
     }
-    auto* e = table.find(key);
-    if (e == nullptr) {
-      // Not pending (a pending key is never tombstoned: it is tombstoned when it settles).
-      // Tombstones are the fast path; `admit` (the index) is the truth (R3).
-      if (table.tombstoned(key) || !static_cast<bool>(admit(key))) {
-        ++counters_.late_reports;
-        return MergeResult::late;
-      }
-      if ((dead_mask_ | bit) == all_mask_) {
-        // This report is the only one the key waits for (one live rank): settle without
-        // ever creating a pending entry.
-        Acc acc{};
-        if (dead_mask_ != 0) substitute(acc);
-        apply(acc);
-        finish_unentered(table, key, acc, sink);
-        return MergeResult::settled;
-      }
-      e = table.create(key, now_);
-      if (dead_mask_ != 0) {
-        e->reported = dead_mask_;
-        substitute(e->acc);
-      }
-    }
-    apply(e->acc);
-    if ((e->reported & bit) != 0) {
-      ++counters_.duplicate_reports;
-      return MergeResult::duplicate;
-    }
-    e->reported |= bit;
-    if (e->reported != all_mask_) return MergeResult::counted;
-    finish(table, key, *e, sink);
-    return MergeResult::settled;
+    return MergeResult::counted;
   }
 
-  template <class Key, class Acc, class Sink>
-  void finish(detail::QuorumTable<Key, Acc>& table, const Key& key, const typename detail::QuorumTable<Key, Acc>::Entry& e,
-              Sink& sink) noexcept {
-    const auto s = settlement(key, e.acc);
-    table.settle(key);
-    if constexpr (std::is_same_v<Key, LoadKey>) {
-      ++counters_.settled;
-    } else {
-      ++counters_.store_settled;
+  // Emits each phase of a save that became complete; the key leaves once both did.
+  // Returns whether anything settled.
+  template <class Sink>
+  bool advance_save(const StoreKey& key, detail::QuorumTable<StoreKey, detail::SaveAcc>::Entry& e, Sink& sink) noexcept {
+    bool settled = false;
+    if (!e.acc.released_settled && e.acc.released == all_mask_) {
+      e.acc.released_settled = true;
+      ++counters_.save_settled;
+      sink(SaveSettlement{key, SavePhase::released, !e.acc.not_released});
+      settled = true;
     }
-    sink(s);
-  }
-
-  template <class Key, class Acc, class Sink>
-  void finish_unentered(detail::QuorumTable<Key, Acc>& table, const Key& key, const Acc& acc, Sink& sink) noexcept {
-    table.tombstone(key);
-    if constexpr (std::is_same_v<Key, LoadKey>) {
-      ++counters_.settled;
-    } else {
-      ++counters_.store_settled;
+    if (e.reported == all_mask_ && e.acc.released_settled) {
+      const SaveSettlement stored{key, SavePhase::stored, !e.acc.not_stored};
+      saves_.settle(key);
+      ++counters_.save_settled;
+      sink(stored);
+      settled = true;
     }
-    sink(settlement(key, acc));
-  }
-
-  template <class Key, class Acc, class Sink>
-  void substitute_dead(detail::QuorumTable<Key, Acc>& table, std::uint64_t bit, std::vector<Key>& scratch, Sink& sink) {
-    table.keys_missing(bit, scratch);
-    for (const Key& key : scratch) {
-      auto* e = table.find(key);
-      e->reported |= bit;
-      substitute(e->acc);
-      if (e->reported == all_mask_) finish(table, key, *e, sink);
-    }
+    return settled;
   }
 
   std::uint32_t world_;
   std::uint64_t all_mask_;
   std::uint64_t dead_mask_ = 0;
+  std::uint64_t revived_mask_ = 0;  // ranks that came back: they count from revived_from_[r] on
   TimePoint now_{};
   detail::QuorumTable<LoadKey, detail::LoadAcc> loads_;
-  detail::QuorumTable<StoreKey, detail::StoreAcc> stores_;
+  detail::QuorumTable<StoreKey, detail::SaveAcc> saves_;
+  std::vector<Generation> revived_from_;
   std::vector<std::unique_ptr<RankQueue>> queues_;
   std::vector<LoadKey> load_scratch_;
-  std::vector<StoreKey> store_scratch_;
+  std::vector<StoreKey> save_scratch_;
   GroupStats counters_{};
 };
 

@@ -40,6 +40,17 @@ inline std::atomic<std::uint64_t> g_allocations{0};
 inline thread_local std::uint64_t t_allocations = 0;
 /// Set during static initialisation by KVFUSE_DEFINE_COUNTING_OPERATOR_NEW().
 inline std::atomic<bool> g_alloc_hook_installed{false};
+/// While nonzero, each allocation fails (and decrements it): operator new throws
+/// std::bad_alloc. Set it through AllocationScope::fail_next.
+inline std::atomic<std::uint64_t> g_failing_allocations{0};
+
+/// Whether this allocation is one a test asked to fail. Lock-free.
+inline bool take_injected_failure() noexcept {
+  std::uint64_t n = g_failing_allocations.load(std::memory_order_relaxed);
+  while (n > 0)
+    if (g_failing_allocations.compare_exchange_weak(n, n - 1, std::memory_order_relaxed)) return true;
+  return false;
+}
 
 /// Called by the counting operator new. Wait-free.
 inline void note_allocation() noexcept {
@@ -48,11 +59,13 @@ inline void note_allocation() noexcept {
 }
 
 inline void* counted_malloc(std::size_t bytes) noexcept {
+  if (take_injected_failure()) return nullptr;
   note_allocation();
   return std::malloc(bytes == 0 ? 1 : bytes);
 }
 
 inline void* counted_aligned(std::size_t bytes, std::size_t alignment) noexcept {
+  if (take_injected_failure()) return nullptr;
   note_allocation();
   void* p = nullptr;
   if (alignment < sizeof(void*)) alignment = sizeof(void*);
@@ -77,6 +90,10 @@ class AllocationScope {
   }
   /// Allocations by the calling thread since construction (call it on the constructing thread).
   [[nodiscard]] std::uint64_t this_thread() const noexcept { return t_allocations - thread_start_; }
+
+  /// Makes the next `n` allocations (by any thread) fail with std::bad_alloc, to prove a
+  /// path turns an allocation failure into a reported refusal. Needs the hook installed.
+  static void fail_next(std::uint64_t n) noexcept { g_failing_allocations.store(n, std::memory_order_relaxed); }
 
   /// False if the binary did not expand KVFUSE_DEFINE_COUNTING_OPERATOR_NEW(): the counts
   /// would then be zero whatever happens, so a test must REQUIRE this first.

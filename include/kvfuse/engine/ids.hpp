@@ -48,6 +48,9 @@ class GenerationSource {
   constexpr explicit GenerationSource(Generation last_issued) noexcept : next_(last_issued.value + 1) {}
   /// The next unused generation. Scheduler thread only; noexcept, O(1).
   constexpr Generation next() noexcept { return Generation{next_++}; }
+  /// The last generation next() returned (or the `last_issued` it started after).
+  /// Scheduler thread only; noexcept, O(1).
+  [[nodiscard]] constexpr Generation last_issued() const noexcept { return Generation{next_ - 1}; }
 
  private:
   std::uint64_t next_ = 1;

@@ -97,6 +97,21 @@ struct StateLeg {
   friend constexpr bool operator==(const StateLeg&, const StateLeg&) = default;
 };
 
+/// Why request_save refused. A refusal changes no counter but `saves_refused`.
+enum class SaveRefusal : std::uint8_t {
+  none = 0,        ///< not refused (an admission)
+  out_of_memory,   ///< the index could not grow its save table; nothing changed
+};
+
+/// Short, stable name of a SaveRefusal. Thread-safe, noexcept.
+constexpr std::string_view to_string(SaveRefusal r) noexcept {
+  switch (r) {
+    case SaveRefusal::none: return "none";
+    case SaveRefusal::out_of_memory: return "out_of_memory";
+  }
+  return "unknown_refusal";
+}
+
 /// How a load ended.
 enum class Resolution : std::uint8_t {
   completed,  ///< settled ok
@@ -162,12 +177,20 @@ inline OffloadIndexOptions index_options_for(const Capability& cap, std::uint32_
 /// caught, counted in IndexStats::slot_release_errors, and the slot counts as released.
 using SlotRelease = std::function<void(SlotId)>;
 
+/// One load reported by OffloadIndex::report_overdue: in flight for at least the threshold.
+struct OverdueLoad {
+  LoadKey key;
+  std::chrono::nanoseconds age{};  ///< time since dispatch()
+  bool orphaned = false;           ///< its request was torn down (reclaim will age it out)
+};
+
 /// Every counter of the index, read in O(1) by OffloadIndex::stats().
 ///
 /// Identities audited on every read: dispatched == completed + failed + abandoned +
 /// outstanding; reclaimed <= abandoned; outstanding == entries in the key table;
-/// indexed == hashes in the buckets == LRU length; orphaned == orphan list length;
-/// stores_attempted == stores_completed + stores_failed + stores_outstanding.
+/// in_flight == length of the dispatch-ordered list; indexed == hashes in the buckets ==
+/// LRU length; orphaned == orphan list length; saves_issued == saves_stored +
+/// saves_failed + saves_abandoned + saves_outstanding.
 struct IndexStats {
   std::uint64_t dispatched = 0;    ///< admissions (tickets issued), counted at request_load
   std::uint64_t in_flight = 0;     ///< outstanding loads whose ticket was dispatched
@@ -177,7 +200,7 @@ struct IndexStats {
   std::uint64_t reclaimed = 0;     ///< orphans reclaimed after the timeout (also in abandoned)
   std::uint64_t outstanding = 0;   ///< admitted, not yet resolved (ticket alive, or in flight)
   std::uint64_t orphaned = 0;      ///< outstanding loads whose request was torn down
-  std::uint64_t late_reports = 0;  ///< settlements (load or store) for unknown/settled/reclaimed keys
+  std::uint64_t late_reports = 0;  ///< settlements (load or save) for unknown/settled/reclaimed keys
   std::uint64_t refused = 0;       ///< request_load refusals
   std::uint64_t indexed = 0;       ///< state hashes currently indexed
   std::uint64_t hashes_evicted = 0;    ///< evicted by the LRU cap
@@ -186,10 +209,14 @@ struct IndexStats {
   std::uint64_t slots_released = 0;    ///< orphan slots returned through the release callback
   std::uint64_t slot_release_errors = 0;  ///< release callbacks that threw
   std::uint64_t invariant_violations = 0;  ///< stats() reads whose audit failed
-  std::uint64_t stores_attempted = 0;
-  std::uint64_t stores_completed = 0;
-  std::uint64_t stores_failed = 0;
-  std::uint64_t stores_outstanding = 0;
+  std::uint64_t overdue = 0;           ///< loads the last report_overdue() found in flight past its threshold
+  std::uint64_t saves_issued = 0;      ///< save tickets issued by request_save
+  std::uint64_t saves_released = 0;    ///< saves whose source every rank released (early block release)
+  std::uint64_t saves_stored = 0;      ///< saves every rank stored
+  std::uint64_t saves_failed = 0;      ///< saves some rank did not store
+  std::uint64_t saves_abandoned = 0;   ///< save tickets dropped or abandoned undispatched
+  std::uint64_t saves_outstanding = 0; ///< save tickets alive or saves in flight
+  std::uint64_t saves_refused = 0;     ///< request_save refusals
   friend constexpr bool operator==(const IndexStats&, const IndexStats&) = default;
 };
 
@@ -215,6 +242,8 @@ class TicketSink {
  public:
   virtual std::optional<StateSpec> ticket_dispatch(std::uint32_t entry, LoadKey key) noexcept = 0;
   virtual void ticket_abandon(std::uint32_t entry, LoadKey key) noexcept = 0;
+  virtual bool save_ticket_dispatch(StoreKey key) noexcept = 0;
+  virtual void save_ticket_abandon(StoreKey key) noexcept = 0;
 
  protected:
   TicketSink() = default;
@@ -302,30 +331,97 @@ class LoadTicket {
   std::optional<KvSpec> kv_;
 };
 
-/// What request_load returns: a ticket, or the reason there is none. Move-only.
-/// Dropping an admission whose ticket was not taken drops (and so abandons) the ticket.
-/// Not thread-safe: scheduler thread only, like the ticket it holds.
-class LoadAdmission {
+/// A move-only claim on one admitted save (DESIGN section 5): the save a rank will run,
+/// with the key the index issued. Consumed by exactly one of dispatch() (which yields the
+/// save to ship to every rank; from then on the index accepts its records) or abandon();
+/// destroyed unconsumed, it abandons itself. A save cannot reach a rank unannounced: its
+/// key exists only through a ticket. `Save` is KvSave or StateStore.
+///
+/// Not thread-safe: scheduler thread only. The OffloadIndex that issued it must outlive it.
+template <class Save>
+class SaveTicket {
  public:
-  /// A refusal. noexcept.
-  explicit LoadAdmission(LoadRefusal refusal) noexcept : refusal_(refusal) {}
-  /// An admission. noexcept.
-  explicit LoadAdmission(LoadTicket&& ticket) noexcept : ticket_(std::move(ticket)) {}
+  /// An empty ticket. noexcept.
+  SaveTicket() noexcept = default;
+  SaveTicket(const SaveTicket&) = delete;
+  SaveTicket& operator=(const SaveTicket&) = delete;
+  /// Moves the claim; `other` becomes empty. noexcept.
+  SaveTicket(SaveTicket&& other) noexcept : sink_(std::exchange(other.sink_, nullptr)), save_(std::move(other.save_)) {}
+  /// Abandons the save this ticket holds (if any), then takes `other`'s claim. noexcept.
+  SaveTicket& operator=(SaveTicket&& other) noexcept {
+    if (this != &other) {
+      abandon();
+      sink_ = std::exchange(other.sink_, nullptr);
+      save_ = std::move(other.save_);
+    }
+    return *this;
+  }
+  /// Abandons the save if it was never consumed. Scheduler thread only.
+  ~SaveTicket() { abandon(); }
 
-  /// Whether a ticket was issued. noexcept.
-  [[nodiscard]] bool admitted() const noexcept { return refusal_ == LoadRefusal::none; }
-  explicit operator bool() const noexcept { return admitted(); }
-  /// The refusal reason; LoadRefusal::none when admitted. noexcept.
-  [[nodiscard]] LoadRefusal refusal() const noexcept { return refusal_; }
-  /// The ticket (empty when refused, or once taken). noexcept.
-  [[nodiscard]] LoadTicket& ticket() noexcept { return ticket_; }
-  /// Moves the ticket out. noexcept.
-  [[nodiscard]] LoadTicket take_ticket() noexcept { return std::move(ticket_); }
+  /// Whether the ticket still holds an unconsumed save. noexcept.
+  [[nodiscard]] bool valid() const noexcept { return sink_ != nullptr; }
+  explicit operator bool() const noexcept { return valid(); }
+
+  /// The key the index issued (readable after consumption); StoreKey{} when empty. noexcept.
+  [[nodiscard]] StoreKey key() const noexcept { return save_.key; }
+
+  /// Consumes the ticket: the save becomes in flight and is returned (moved) for every
+  /// rank. On an empty ticket it returns a default Save whose key no index accepts.
+  /// Scheduler thread only; noexcept; O(1).
+  [[nodiscard]] Save dispatch() noexcept {
+    if (sink_ == nullptr) return Save{};
+    (void)std::exchange(sink_, nullptr)->save_ticket_dispatch(save_.key);
+    return std::move(save_);
+  }
+
+  /// Consumes the ticket without dispatching: counted in saves_abandoned; nothing is
+  /// indexed. No-op on an empty ticket. Scheduler thread only; noexcept; O(1).
+  void abandon() noexcept {
+    if (sink_ == nullptr) return;
+    std::exchange(sink_, nullptr)->save_ticket_abandon(save_.key);
+  }
 
  private:
-  LoadTicket ticket_;
-  LoadRefusal refusal_ = LoadRefusal::none;
+  template <class Clock>
+  friend class OffloadIndex;
+  SaveTicket(detail::TicketSink* sink, Save&& save) noexcept : sink_(sink), save_(std::move(save)) {}
+
+  detail::TicketSink* sink_ = nullptr;
+  Save save_{};
 };
+
+/// What request_load / request_save return: a ticket, or the reason there is none.
+/// Move-only. Dropping an admission whose ticket was not taken drops (and so abandons) the
+/// ticket. Not thread-safe: scheduler thread only, like the ticket it holds.
+template <class Ticket, class Refusal>
+class [[nodiscard]] Admission {
+ public:
+  /// A refusal. noexcept.
+  explicit Admission(Refusal refusal) noexcept : refusal_(refusal) {}
+  /// An admission. noexcept.
+  explicit Admission(Ticket&& ticket) noexcept : ticket_(std::move(ticket)) {}
+
+  /// Whether a ticket was issued. noexcept.
+  [[nodiscard]] bool admitted() const noexcept { return refusal_ == Refusal::none; }
+  explicit operator bool() const noexcept { return admitted(); }
+  /// The refusal reason; Refusal::none when admitted. noexcept.
+  [[nodiscard]] Refusal refusal() const noexcept { return refusal_; }
+  /// The ticket (empty when refused, or once taken). noexcept.
+  [[nodiscard]] Ticket& ticket() noexcept { return ticket_; }
+  /// Moves the ticket out. noexcept.
+  [[nodiscard]] Ticket take_ticket() noexcept { return std::move(ticket_); }
+
+ private:
+  Ticket ticket_;
+  Refusal refusal_ = Refusal::none;
+};
+
+/// What request_load returns.
+using LoadAdmission = Admission<LoadTicket, LoadRefusal>;
+/// What request_save returns.
+template <class Save>
+using SaveAdmission = Admission<SaveTicket<Save>, SaveRefusal>;
 
 /// The engine side's one owner of offload state (R5). See the file comment.
 ///
@@ -335,10 +431,16 @@ class LoadAdmission {
 /// visitor walks (for_each_indexed; drain_resolutions with a visitor that may throw).
 ///
 /// Lifecycle of a load:
-///   request_load ──► ticket ──dispatch()──► in flight ──complete/fail/abandon/settle──► resolved
+///   request_load ──► ticket ──dispatch()──► in flight ──settle/complete/fail/abandon──► resolved
 ///                        └──abandon()/dropped──────────────────────────────────────────► resolved
-///   in flight ──orphan()──► orphaned (index holds the slot) ──settled or reclaim()──► resolved + slot released
-/// Every resolution is queued exactly once for drain_resolutions().
+///   in flight ──orphan()──► orphaned (index holds the slot) ──settle() or reclaim()──► resolved + slot released
+/// Every resolution is queued exactly once for drain_resolutions(). An orphan ends only by
+/// its rank-backed settlement or by reclaim (R8): complete/fail/abandon by key leave it be,
+/// because its ranks may still be writing into its slot.
+///
+/// Lifecycle of a save: request_save ──► ticket ──dispatch()──► in flight ──released──►
+/// ──stored──► resolved (a dropped ticket is abandoned). Saves draw their generations from
+/// the same source as loads, so one generation orders every key the engine issued.
 ///
 /// Costs: every member is O(1) (amortised where a table grows) except reclaim (O(reclaimed)),
 /// fail_all/settle_all (O(keys)), drain_resolutions (O(drained)), for_each_indexed and
@@ -433,6 +535,8 @@ class OffloadIndex final : private detail::TicketSink {
       // reserve is what lets every settle path queue its resolution without allocating.
       const std::size_t need = resolutions_.size() + outstanding_ + 1;
       if (resolutions_.capacity() < need) resolutions_.reserve(std::max(need, 2 * resolutions_.capacity()));
+      const std::size_t forget_need = forgotten_.size() + outstanding_ + 1;
+      if (forgotten_.capacity() < forget_need) forgotten_.reserve(std::max(forget_need, 2 * forgotten_.capacity()));
       if (e == detail::npos32) {
         if (entries_.size() == entries_.capacity()) entries_.reserve(std::max<std::size_t>(64, 2 * entries_.size()));
         entries_.emplace_back();
@@ -463,37 +567,53 @@ class OffloadIndex final : private detail::TicketSink {
     return LoadAdmission(LoadTicket(this, e, key, std::move(kv)));
   }
 
-  /// Settles an in-flight load as ok. Returns false (and only counts a late report) if
-  /// `key` is not in flight: unknown, never dispatched, already settled, or reclaimed (R3).
-  /// An orphan's slot is released through the callback. Scheduler thread only; noexcept; O(1).
-  bool complete(LoadKey key) noexcept { return settle_key(key, Resolution::completed, false); }
-
-  /// Settles an in-flight load as failed. `missing` (some rank's tier genuinely lacked the
-  /// state entry) retracts the state hash; on a KV-only load it changes nothing more.
-  /// Late keys as complete(). Scheduler thread only; noexcept; O(1).
-  bool fail(LoadKey key, bool missing) noexcept { return settle_key(key, Resolution::failed, missing); }
-
-  /// Settles an in-flight load as abandoned: nothing was tried, so the hash is never
-  /// retracted (R7). Late keys as complete(); a load whose ticket was not dispatched is
-  /// abandoned through its ticket, not by key. Scheduler thread only; noexcept; O(1).
-  bool abandon(LoadKey key) noexcept { return settle_key(key, Resolution::abandoned, false); }
-
-  /// Applies a merged settlement: ok ? complete(key) : fail(key, state_missed).
-  /// Scheduler thread only; noexcept; O(1).
-  bool settle(const Settlement& s) noexcept { return s.ok ? complete(s.key) : fail(s.key, s.state_missed); }
-
-  /// Fails every key in `keys` (a tier outage, a dead rank); returns how many applied, the
-  /// rest count as late. Scheduler thread only; noexcept; O(keys.size()).
-  std::size_t fail_all(std::span<const LoadKey> keys, bool missing) noexcept {
-    std::size_t applied = 0;
-    for (const LoadKey& k : keys) applied += fail(k, missing) ? 1 : 0;
-    return applied;
+  /// Settles a load its ranks reported on (the completion path calls it with every
+  /// merged settlement): ok ? completed : failed, retracting the state hash when
+  /// state_missed (a genuine miss on some rank). The one way an orphan ends besides
+  /// reclaim: its slot goes back through the callback. Returns false (and only counts a
+  /// late report) if `key` is not in flight: unknown, never dispatched, already resolved,
+  /// or reclaimed (R3). Scheduler thread only; noexcept; O(1).
+  bool settle(const Settlement& s) noexcept {
+    const std::uint32_t e = find_entry(s.key);
+    if (e == detail::npos32 || entries_[e].status != Status::in_flight) {
+      ++late_reports_;
+      return false;
+    }
+    resolve(e, s.ok ? Resolution::completed : Resolution::failed, !s.ok && s.state_missed);
+    return true;
   }
 
   /// settle() for each; returns how many applied. Scheduler thread only; noexcept; O(n).
   std::size_t settle_all(std::span<const Settlement> settlements) noexcept {
     std::size_t applied = 0;
     for (const Settlement& s : settlements) applied += settle(s) ? 1 : 0;
+    return applied;
+  }
+
+  /// The engine resolves a live in-flight load as ok without its ranks' settlement.
+  /// As fail(); rarely what an engine wants (settle() is the normal path).
+  bool complete(LoadKey key) noexcept { return resolve_by_engine(key, Resolution::completed, false); }
+
+  /// The engine fails a live in-flight load without waiting for its ranks (a tier outage
+  /// it learned of another way). `missing` retracts the state hash. The key also goes on
+  /// the forget list, so the completion group drops its partial entry and later records
+  /// for it are late (R3). Returns false, changing nothing, for an orphan (it ends only by
+  /// settle() or reclaim, R8: its ranks may still write its slot) and, counting a late
+  /// report, for a key not in flight. A dead rank is not a reason to call it:
+  /// mark_rank_dead settles what waits on the rank. Scheduler thread only; noexcept; O(1).
+  bool fail(LoadKey key, bool missing) noexcept { return resolve_by_engine(key, Resolution::failed, missing); }
+
+  /// The engine abandons a live in-flight load: nothing was tried, so the hash is never
+  /// retracted (R7). Orphans and keys not in flight as fail(); a load whose ticket was not
+  /// dispatched is abandoned through its ticket, not by key. Scheduler thread only;
+  /// noexcept; O(1).
+  bool abandon(LoadKey key) noexcept { return resolve_by_engine(key, Resolution::abandoned, false); }
+
+  /// fail() for every key in `keys`; returns how many applied (orphans are skipped, keys
+  /// not in flight count as late). Scheduler thread only; noexcept; O(keys.size()).
+  std::size_t fail_all(std::span<const LoadKey> keys, bool missing) noexcept {
+    std::size_t applied = 0;
+    for (const LoadKey& k : keys) applied += fail(k, missing) ? 1 : 0;
     return applied;
   }
 
@@ -528,6 +648,7 @@ class OffloadIndex final : private detail::TicketSink {
     while (orphan_head_ != detail::npos32) {
       const std::uint32_t e = orphan_head_;
       if (now - entries_[e].orphaned_at < timeout) break;  // sorted by orphan time: the rest are younger
+      forgotten_.push_back(entries_[e].key);
       resolve(e, Resolution::reclaimed, false);
       ++n;
     }
@@ -562,6 +683,46 @@ class OffloadIndex final : private detail::TicketSink {
 
   /// Resolutions queued and not yet drained. Scheduler thread only; noexcept; O(1).
   [[nodiscard]] std::size_t pending_resolutions() const noexcept { return resolutions_.size(); }
+
+  /// Calls forget(const LoadKey&) for every in-flight load the index resolved without its
+  /// ranks (reclaim, or complete/fail/abandon by key) since the last call, and clears the
+  /// list: the completion path drops their partial group entries (SettlementPump does this
+  /// at the start of every step). Never allocates. Scheduler thread only; noexcept if
+  /// `forget` is.
+  template <class F>
+    requires std::invocable<F&, const LoadKey&>
+  std::size_t drain_forgotten(F&& forget) noexcept(std::is_nothrow_invocable_v<F&, const LoadKey&>) {
+    const std::size_t n = forgotten_.size();
+    for (const LoadKey& k : forgotten_) forget(k);
+    forgotten_.clear();
+    return n;
+  }
+
+  /// Calls visit(const OverdueLoad&) for every load in flight (dispatched, not resolved;
+  /// orphans included) for at least `threshold` at `now`, oldest dispatch first, and
+  /// returns how many; IndexStats::overdue keeps that count until the next call. Nothing is
+  /// released or resolved: a load that never hears back (a transport that lost its request)
+  /// stays in flight, because only its ranks or the engine can know it is gone; this makes
+  /// it visible. Scheduler thread only; noexcept if `visit` is; O(reported + 1).
+  template <class F>
+    requires std::invocable<F&, const OverdueLoad&>
+  std::size_t report_overdue(time_point now, duration threshold, F&& visit) noexcept(
+      std::is_nothrow_invocable_v<F&, const OverdueLoad&>) {
+    std::size_t n = 0;
+    for (std::uint32_t e = flight_head_; e != detail::npos32; e = entries_[e].flight_next) {
+      const duration age = now - entries_[e].dispatched_at;
+      if (age < threshold) break;  // dispatch-ordered: the rest are younger
+      visit(OverdueLoad{entries_[e].key, std::chrono::duration_cast<std::chrono::nanoseconds>(age), entries_[e].orphaned});
+      ++n;
+    }
+    overdue_ = n;
+    return n;
+  }
+
+  /// The last generation this index issued (to a load or a save). Persist it and pass it
+  /// back as OffloadIndexOptions::last_issued after a restart, so no key is ever reissued.
+  /// Scheduler thread only; noexcept; O(1).
+  [[nodiscard]] Generation last_issued() const noexcept { return generations_.last_issued(); }
 
   // ---------------------------------------------------------------- queries
 
@@ -605,46 +766,59 @@ class OffloadIndex final : private detail::TicketSink {
     return entries_[e].key;
   }
 
-  // ---------------------------------------------------------------- stores
+  // ---------------------------------------------------------------- saves
 
-  /// Records a store the engine submitted, so its settlement is accepted once. Returns
-  /// false (counting nothing) if the key is already outstanding or the table cannot grow;
-  /// a settlement for it will then be late and index nothing — the safe side.
-  /// Scheduler thread only; noexcept; O(1) amortised.
-  /// `kind` says what the save holds: only a state save that every rank stored indexes its
-  /// hash (the indexed set answers "can a state leg be served", and a KV chunk hash is not a
-  /// checkpoint). KV saves are tracked and counted the same way otherwise.
-  bool note_store_attempted(StoreKey key, SaveKind kind = SaveKind::state) noexcept {
-    if (stores_.find(key) != detail::npos32) return false;
+  /// Admits a save: issues its key (the caller's `save.key.hash`, a fresh generation) and
+  /// returns a ticket whose dispatch() yields the save for every rank. The index remembers
+  /// what it holds: only a StateStore every rank stored indexes its hash (the indexed set
+  /// answers "can a state leg be served"; a KV chunk hash is not a checkpoint). Refused,
+  /// changing nothing but saves_refused, only when the save table cannot grow: the caller
+  /// learns it and keeps its source. Scheduler thread only; noexcept; O(1) amortised.
+  template <class Save>
+    requires std::same_as<Save, KvSave> || std::same_as<Save, StateStore>
+  [[nodiscard]] SaveAdmission<Save> request_save(Save save) noexcept {
     try {
-      stores_.reserve(stores_.size() + 1);
+      saves_.reserve(saves_.size() + 1);
     } catch (...) {
-      return false;
+      ++saves_refused_;
+      return SaveAdmission<Save>(SaveRefusal::out_of_memory);
     }
-    stores_.insert(key, static_cast<std::uint32_t>(kind));
-    ++stores_attempted_;
-    return true;
+    save.key.generation = generations_.next();
+    saves_.insert(save.key, save_value(std::same_as<Save, StateStore> ? SaveKind::state : SaveKind::kv, false));
+    ++saves_issued_;
+    return SaveAdmission<Save>(SaveTicket<Save>(this, std::move(save)));
   }
 
-  /// Whether `key` was noted by note_store_attempted and has not settled: the completion
-  /// path accepts store records only for these (R3). Scheduler thread only; noexcept; O(1).
-  [[nodiscard]] bool is_store_outstanding(StoreKey key) const noexcept { return stores_.find(key) != detail::npos32; }
+  /// Whether `key` is a dispatched save that has not settled its `stored` phase: the
+  /// completion path accepts save records only for these (R3). Scheduler thread only;
+  /// noexcept; O(1).
+  [[nodiscard]] bool is_save_in_flight(StoreKey key) const noexcept {
+    const std::uint32_t v = saves_.find(key);
+    return v != detail::npos32 && (v & save_dispatched_bit) != 0;
+  }
 
-  /// Settles an attempted store: a state save every rank stored indexes the hash via
-  /// note_stored and counts stores_completed; otherwise stores_failed. A key that is not
-  /// outstanding is late: counted, nothing indexed. Returns whether it applied.
-  /// Scheduler thread only; noexcept; O(1) amortised.
-  bool settle_store(const StoreSettlement& s) noexcept {
-    const std::uint32_t kind = stores_.find(s.key);
-    if (kind == detail::npos32 || !stores_.erase(s.key)) {
+  /// Applies one phase of a merged save settlement. `released` counts saves_released when
+  /// ok (the engine frees the source units; nothing changes in the index otherwise).
+  /// `stored` resolves the save: a state save every rank stored indexes its hash via
+  /// note_stored and counts saves_stored; otherwise saves_failed. A key not in flight is
+  /// late: counted, nothing indexed. Returns whether it applied. Scheduler thread only;
+  /// noexcept; O(1) amortised.
+  bool settle_save(const SaveSettlement& s) noexcept {
+    const std::uint32_t v = saves_.find(s.key);
+    if (v == detail::npos32 || (v & save_dispatched_bit) == 0) {
       ++late_reports_;
       return false;
     }
-    if (s.stored) {
-      ++stores_completed_;
-      if (kind == static_cast<std::uint32_t>(SaveKind::state)) note_stored(s.key.hash);
+    if (s.phase == SavePhase::released) {
+      if (s.ok) ++saves_released_;
+      return true;
+    }
+    (void)saves_.erase(s.key);
+    if (s.ok) {
+      ++saves_stored_;
+      if ((v & save_state_bit) != 0) note_stored(s.key.hash);
     } else {
-      ++stores_failed_;
+      ++saves_failed_;
     }
     return true;
   }
@@ -672,16 +846,20 @@ class OffloadIndex final : private detail::TicketSink {
     s.hashes_dropped = hashes_dropped_;
     s.slots_released = slots_released_;
     s.slot_release_errors = slot_release_errors_;
-    s.stores_attempted = stores_attempted_;
-    s.stores_completed = stores_completed_;
-    s.stores_failed = stores_failed_;
-    s.stores_outstanding = stores_.size();
+    s.overdue = overdue_;
+    s.saves_issued = saves_issued_;
+    s.saves_released = saves_released_;
+    s.saves_stored = saves_stored_;
+    s.saves_failed = saves_failed_;
+    s.saves_abandoned = saves_abandoned_;
+    s.saves_outstanding = saves_.size();
+    s.saves_refused = saves_refused_;
     const bool ok = s.dispatched == s.completed + s.failed + s.abandoned + s.outstanding &&
                     s.reclaimed <= s.abandoned && s.outstanding == keys_.size() && s.in_flight <= s.outstanding &&
-                    s.orphaned == orphan_count_ && s.orphaned <= s.in_flight &&
+                    s.in_flight == flight_count_ && s.orphaned == orphan_count_ && s.orphaned <= s.in_flight &&
                     s.indexed == hashes_.size() && hashes_.size() == hashes_.lru_length() &&
                     s.indexed <= options_.hash_capacity &&
-                    s.stores_attempted == s.stores_completed + s.stores_failed + s.stores_outstanding;
+                    s.saves_issued == s.saves_stored + s.saves_failed + s.saves_abandoned + s.saves_outstanding;
     if (!ok) ++invariant_violations_;
     s.invariant_violations = invariant_violations_;
     return s;
@@ -776,10 +954,28 @@ class OffloadIndex final : private detail::TicketSink {
     if (dispatched_ != completed_ + failed_ + abandoned_ + outstanding_)
       fail_with("dispatched != completed + failed + abandoned + outstanding");
     if (reclaimed_ > abandoned_) fail_with("reclaimed > abandoned");
-    if (stores_attempted_ != stores_completed_ + stores_failed_ + stores_.size())
-      fail_with("stores_attempted != stores_completed + stores_failed + stores_outstanding");
+    if (saves_issued_ != saves_stored_ + saves_failed_ + saves_abandoned_ + saves_.size())
+      fail_with("saves_issued != saves_stored + saves_failed + saves_abandoned + saves_outstanding");
+    std::uint64_t flying = 0;
+    prev = detail::npos32;
+    for (std::uint32_t e = flight_head_; e != detail::npos32; e = entries_[e].flight_next) {
+      ++own_walks_;
+      if (entries_[e].status != Status::in_flight) fail_with("the in-flight list holds a load that is not in flight");
+      if (entries_[e].flight_prev != prev) fail_with("in-flight list links disagree");
+      if (prev != detail::npos32 && entries_[e].dispatched_at < entries_[prev].dispatched_at)
+        fail_with("the in-flight list is not in dispatch order");
+      prev = e;
+      if (++flying > entries_.size()) {
+        fail_with("the in-flight list has a cycle");
+        break;
+      }
+    }
+    if (prev != flight_tail_) fail_with("in-flight list tail is not the last dispatched load");
+    if (flying != in_flight_ || flight_count_ != in_flight_) fail_with("in_flight counter disagrees with the in-flight list");
     if (resolutions_.capacity() < resolutions_.size() + outstanding_)
       fail_with("the resolution queue could need to allocate on a settle path");
+    if (forgotten_.capacity() < forgotten_.size() + outstanding_)
+      fail_with("the forget list could need to allocate on a resolve path");
     rep.visited = walk_steps() - before;
     return rep;
   }
@@ -788,7 +984,7 @@ class OffloadIndex final : private detail::TicketSink {
   /// for_each_indexed, table rehashes) since construction. stats() adds nothing to it;
   /// R17's test proves that by counting. Scheduler thread only; noexcept; O(1).
   [[nodiscard]] std::uint64_t walk_steps() const noexcept {
-    return own_walks_ + hashes_.walks() + keys_.walks() + requests_.walks() + stores_.walks();
+    return own_walks_ + hashes_.walks() + keys_.walks() + requests_.walks() + saves_.walks();
   }
 
  private:
@@ -798,8 +994,11 @@ class OffloadIndex final : private detail::TicketSink {
     LoadKey key{};
     StateLeg leg{};
     time_point orphaned_at{};
-    std::uint32_t link_prev = detail::npos32;  // orphan list
-    std::uint32_t link_next = detail::npos32;  // orphan list, or the free list
+    time_point dispatched_at{};
+    std::uint32_t link_prev = detail::npos32;    // orphan list
+    std::uint32_t link_next = detail::npos32;    // orphan list, or the free list
+    std::uint32_t flight_prev = detail::npos32;  // in-flight list, in dispatch order
+    std::uint32_t flight_next = detail::npos32;
     Status status = Status::free;
     bool has_state = false;
     bool orphaned = false;
@@ -844,14 +1043,22 @@ class OffloadIndex final : private detail::TicketSink {
     return e;
   }
 
-  bool settle_key(LoadKey key, Resolution kind, bool missing) noexcept {
+  // complete/fail/abandon by key: the engine ends a live load without its ranks.
+  bool resolve_by_engine(LoadKey key, Resolution kind, bool missing) noexcept {
     const std::uint32_t e = find_entry(key);
     if (e == detail::npos32 || entries_[e].status != Status::in_flight) {
       ++late_reports_;
       return false;
     }
+    if (entries_[e].orphaned) return false;  // R8: ends only by settle() or reclaim
+    forgotten_.push_back(key);  // capacity reserved at admission
     resolve(e, kind, missing);
     return true;
+  }
+
+  static constexpr std::uint32_t save_state_bit = 1, save_dispatched_bit = 2;
+  static constexpr std::uint32_t save_value(SaveKind kind, bool dispatched) noexcept {
+    return (kind == SaveKind::state ? save_state_bit : 0) | (dispatched ? save_dispatched_bit : 0);
   }
 
   // The one place a load ends: counters, tables, the hash (on a genuine miss), the
@@ -868,7 +1075,10 @@ class OffloadIndex final : private detail::TicketSink {
       case Resolution::reclaimed: ++abandoned_; ++reclaimed_; break;
     }
     --outstanding_;
-    if (en.status == Status::in_flight) --in_flight_;
+    if (en.status == Status::in_flight) {
+      --in_flight_;
+      flight_unlink(e);
+    }
     if (en.orphaned) {
       orphan_unlink(e);
       --orphaned_;
@@ -912,6 +1122,30 @@ class OffloadIndex final : private detail::TicketSink {
     ++orphan_count_;
   }
 
+  // The in-flight list, in dispatch order, for report_overdue. With a monotonic clock a
+  // dispatch appends at the tail in O(1); a clock that went back walks back k entries.
+  void flight_link_sorted(std::uint32_t e) noexcept {
+    std::uint32_t after = flight_tail_;
+    while (after != detail::npos32 && entries_[e].dispatched_at < entries_[after].dispatched_at) {
+      ++own_walks_;
+      after = entries_[after].flight_prev;
+    }
+    const std::uint32_t before = after == detail::npos32 ? flight_head_ : entries_[after].flight_next;
+    entries_[e].flight_prev = after;
+    entries_[e].flight_next = before;
+    if (after == detail::npos32) flight_head_ = e; else entries_[after].flight_next = e;
+    if (before == detail::npos32) flight_tail_ = e; else entries_[before].flight_prev = e;
+    ++flight_count_;
+  }
+
+  void flight_unlink(std::uint32_t e) noexcept {
+    Entry& en = entries_[e];
+    if (en.flight_prev == detail::npos32) flight_head_ = en.flight_next; else entries_[en.flight_prev].flight_next = en.flight_next;
+    if (en.flight_next == detail::npos32) flight_tail_ = en.flight_prev; else entries_[en.flight_next].flight_prev = en.flight_prev;
+    en.flight_prev = en.flight_next = detail::npos32;
+    --flight_count_;
+  }
+
   void orphan_unlink(std::uint32_t e) noexcept {
     Entry& en = entries_[e];
     if (en.link_prev == detail::npos32) orphan_head_ = en.link_next; else entries_[en.link_prev].link_next = en.link_next;
@@ -925,6 +1159,8 @@ class OffloadIndex final : private detail::TicketSink {
     if (e >= entries_.size() || entries_[e].key != key || entries_[e].status != Status::ticketed) return std::nullopt;
     Entry& en = entries_[e];
     en.status = Status::in_flight;
+    en.dispatched_at = Clock::now();
+    flight_link_sorted(e);
     ++in_flight_;
     if (!en.has_state) return std::nullopt;
     return en.leg.spec();
@@ -933,6 +1169,22 @@ class OffloadIndex final : private detail::TicketSink {
   void ticket_abandon(std::uint32_t e, LoadKey key) noexcept override {
     if (e >= entries_.size() || entries_[e].key != key || entries_[e].status != Status::ticketed) return;
     resolve(e, Resolution::abandoned, false);
+  }
+
+  bool save_ticket_dispatch(StoreKey key) noexcept override {
+    const std::uint32_t v = saves_.find(key);
+    if (v == detail::npos32 || (v & save_dispatched_bit) != 0) return false;
+    // Same size before and after: the re-insert cannot allocate.
+    (void)saves_.erase(key);
+    saves_.insert(key, v | save_dispatched_bit);
+    return true;
+  }
+
+  void save_ticket_abandon(StoreKey key) noexcept override {
+    const std::uint32_t v = saves_.find(key);
+    if (v == detail::npos32 || (v & save_dispatched_bit) != 0) return;
+    (void)saves_.erase(key);
+    ++saves_abandoned_;
   }
 
   OffloadIndexOptions options_;
@@ -945,8 +1197,12 @@ class OffloadIndex final : private detail::TicketSink {
   detail::FlatIndexMap<Generation> keys_;           // generation -> outstanding entry (R3: the key of truth)
   detail::FlatIndexMap<RequestId> requests_;        // request -> its live (non-orphaned) entry
   std::vector<std::uint32_t> slot_owner_;           // slot -> outstanding entry holding it
-  detail::FlatIndexMap<StoreKey> stores_;           // outstanding stores
+  detail::FlatIndexMap<StoreKey> saves_;            // outstanding saves -> kind and dispatched bits
   std::vector<LoadResolution> resolutions_;         // the settlement queue the scheduler drains
+  std::vector<LoadKey> forgotten_;                  // in-flight keys resolved without their ranks
+  std::uint32_t flight_head_ = detail::npos32;      // earliest dispatched load still in flight
+  std::uint32_t flight_tail_ = detail::npos32;      // latest
+  std::uint64_t flight_count_ = 0;                  // kept by the list code, audited against in_flight_
   std::uint32_t orphan_head_ = detail::npos32;      // oldest orphan
   std::uint32_t orphan_tail_ = detail::npos32;      // newest orphan
   std::uint64_t orphan_count_ = 0;                  // kept by the list code, audited against orphaned_
@@ -955,7 +1211,9 @@ class OffloadIndex final : private detail::TicketSink {
   std::uint64_t outstanding_ = 0, orphaned_ = 0, late_reports_ = 0, refused_ = 0;
   std::uint64_t indexed_ = 0, hashes_evicted_ = 0, hashes_retracted_ = 0, hashes_dropped_ = 0;
   std::uint64_t slots_released_ = 0, slot_release_errors_ = 0;
-  std::uint64_t stores_attempted_ = 0, stores_completed_ = 0, stores_failed_ = 0;
+  std::uint64_t overdue_ = 0;
+  std::uint64_t saves_issued_ = 0, saves_released_ = 0, saves_stored_ = 0, saves_failed_ = 0, saves_abandoned_ = 0;
+  std::uint64_t saves_refused_ = 0;
   mutable std::uint64_t invariant_violations_ = 0;
   mutable std::uint64_t own_walks_ = 0;
 };

@@ -7,20 +7,20 @@
 
 namespace kvfuse {
 
-/// What a save holds. The engine says so when it announces a save
-/// (OffloadIndex::note_store_attempted, SettlementPump::expect_store): a store record does
-/// not carry it, and the index is the one owner of what each outstanding save was.
+/// What a save holds. OffloadIndex::request_save knows it from the save's type (KvSave or
+/// StateStore): a save record does not carry it, and the index is the one owner of what
+/// each outstanding save was.
 enum class SaveKind : std::uint8_t {
   state = 0,  ///< a state checkpoint: its hash is indexed when every rank stored it
   kv = 1,     ///< KV chunks: tracked and counted, never put in the state-hash set
 };
 
-/// Save whole chunks of a request's prefix. Chunk i of `chunk_keys` is prompt chunk
-/// `first_chunk + i`; `blocks` hold those chunks' tokens in order, chunk_tokens /
-/// block_tokens blocks per chunk. `key.hash` names the save (usually the last chunk's key).
+/// Save whole chunks of a request's prefix: chunk i is stored under `chunk_keys[i]` (the
+/// chained prefix hash names the chunk's position), gathered from `blocks`, chunk_tokens /
+/// block_tokens blocks per chunk, in order. `key.hash` names the save (usually the last
+/// chunk's key); OffloadIndex::request_save issues the generation.
 struct KvSave {
   StoreKey key;
-  std::uint64_t first_chunk = 0;
   std::vector<PrefixHash> chunk_keys;
   std::vector<BlockId> blocks;
   friend bool operator==(const KvSave&, const KvSave&) = default;

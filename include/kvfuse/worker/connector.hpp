@@ -4,7 +4,7 @@
 // The connector owns its lanes (single-thread executors), one copy stream and one staging
 // buffer per lane, and one record emitter per lane. Every load it accepts produces exactly
 // one CompletionRecord (R1) through a guard the load task holds from its first line; every
-// save produces exactly one StoreRecord. Nothing on the load or store path allocates (R12)
+// save produces exactly two SaveRecords (`released`, then `stored`). Nothing on the load or store path allocates (R12)
 // or throws (R19).
 #pragma once
 
@@ -139,7 +139,8 @@ class Connector {
   }
 
   /// Saves whole KV chunks on the store lane, after the step's producer fence (R13).
-  /// Exactly one StoreRecord follows. Dispatch thread only; noexcept.
+  /// Exactly two SaveRecords follow: `released` once nothing reads the blocks, then
+  /// `stored`. Dispatch thread only; noexcept.
   void save_kv(KvSave save) noexcept {
     saves_.fetch_add(1, std::memory_order_relaxed);
     store_lane_.submit([this, s = std::move(save)]() mutable noexcept {
@@ -147,9 +148,9 @@ class Connector {
     });
   }
 
-  /// Saves a state checkpoint on the store lane (DESIGN section 5). Exactly one
-  /// StoreRecord follows; a rank without a state tier reports stored = false,
-  /// source_released = true (R14). Dispatch thread only; noexcept.
+  /// Saves a state checkpoint on the store lane (DESIGN section 5). Exactly two
+  /// SaveRecords follow, `released` then `stored`; a rank without a state tier reports its
+  /// untouched source released and the save not stored (R14). Dispatch thread only; noexcept.
   void store_state(StateStore store) noexcept
     requires has_state
   {
@@ -255,23 +256,31 @@ class Connector {
     guard.state(v.outcome, v.reason);
   }
 
-  /// The store lane's task: fence, gather, put, one StoreRecord. If nothing can order
+  /// The store lane's task: fence, gather, put, two SaveRecords. The leg reports the
+  /// source released as soon as its gather synchronized (before the put). On every other
+  /// path (a failure, an exception, a leg that never says) the task synchronizes the
+  /// lane's stream first (a device synchronize if that fails), so `released` is sent only
+  /// once nothing can read the source; if even the device cannot synchronize, the guard
+  /// says source_unconfirmed and the engine keeps the source pinned. If nothing can order
   /// the gather after the forward (R13: not even a device synchronize), the save fails
-  /// without reading the source, so the source is released untouched.
+  /// without reading the source.
   template <class Save>
   void run_save(StoreKey key, Save&& save) noexcept {
-    StoreGuard<Emitter> guard(key, geometry_.rank, emitters_.store);
+    SaveGuard<Emitter> guard(key, geometry_.rank, emitters_.store);
     auto lane = context(store_lane);
+    lane.release_source = SourceRelease(guard);
     if (!fence_.fence(lane.stream)) {
       guard.fail(Reason::kv_transfer_failed);
+    } else {
+      try {
+        guard.set(save(lane));
+      } catch (...) {
+        guard.fail(Reason::exception);
+      }
+    }
+    if (!guard.source_released() &&
+        (runtime_.synchronize(lane.stream) || runtime_.device_synchronize()))
       guard.release_source();
-      return;
-    }
-    try {
-      guard.set(save(lane));
-    } catch (...) {
-      guard.fail(Reason::exception);
-    }
   }
 
   void run_kv_leg(const LoadRequest& req, LaneContext<R>& lane, CompletionGuard<Emitter>& guard) noexcept {

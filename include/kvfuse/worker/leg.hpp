@@ -27,6 +27,28 @@ struct DeviceMemory {
   std::byte* slots = nullptr;
 };
 
+/// A save leg's way to say "nothing reads the source any more" the moment it knows (after
+/// the gather's synchronize, before the tier put), so the engine frees the source blocks
+/// long before the store lands (DESIGN section 5). Calls after the first do nothing; a
+/// default-constructed one does nothing at all (load lanes). A leg that never calls it is
+/// still correct: the Connector synchronizes the lane's stream after the leg and releases.
+/// Only the lane's own thread calls it; noexcept.
+class SourceRelease {
+ public:
+  SourceRelease() noexcept = default;
+  /// Forwards to `guard.release_source()`; `guard` must outlive this object.
+  template <class Guard>
+  explicit SourceRelease(Guard& guard) noexcept
+      : target_(&guard), release_([](void* g) noexcept { static_cast<Guard*>(g)->release_source(); }) {}
+  void operator()() const noexcept {
+    if (release_ != nullptr) release_(target_);
+  }
+
+ private:
+  void* target_ = nullptr;
+  void (*release_)(void*) noexcept = nullptr;
+};
+
 /// Everything one lane lends a leg for one call. Only the lane's own thread uses it.
 template <Runtime R>
 struct LaneContext {
@@ -39,6 +61,8 @@ struct LaneContext {
   /// Room to keep tier views alive until one synchronize covers all their copies
   /// (max_chunks_per_load long, allocated with the lane). Empty: synchronize per chunk.
   std::span<TierView> held_views = {};
+  /// On the store lane: report the save's source released (see SourceRelease).
+  SourceRelease release_source = {};
 };
 
 /// Result of a KV leg on one rank.
@@ -53,10 +77,10 @@ struct StateVerdict {
   Reason reason = Reason::leg_not_run;
 };
 
-/// Result of a save on one rank: what goes into its StoreRecord.
+/// Result of a save on one rank: what goes into its `stored` SaveRecord. (The `released`
+/// record is sent through LaneContext::release_source, or by the Connector after the leg.)
 struct SaveVerdict {
   bool stored = false;
-  bool source_released = false;
   Reason reason = Reason::none;
 };
 

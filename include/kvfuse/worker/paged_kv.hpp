@@ -157,12 +157,15 @@ class PagedKv {
   }
 
   /// Gathers whole chunks out of the blocks through staging and puts them in the tier.
-  /// The source is released once the last gather finished, before the last put.
+  /// The source is released (lane.release_source) as soon as the last gather's
+  /// synchronize returned, before the last put: the engine frees the blocks while the
+  /// put runs. On a failure the leg returns at once and the Connector synchronizes and
+  /// releases. Noexcept, no allocation.
   template <Runtime R>
   SaveVerdict save(const KvSave& save, LaneContext<R>& lane) const noexcept {
     const RankGeometry& geo = lane.geometry;
-    if (const Reason refused = check_kv_save(save, geo); refused != Reason::none) return {false, true, refused};
-    if (lane.staging.size() < geo.chunk_bytes()) return {false, true, Reason::kv_transfer_failed};
+    if (const Reason refused = check_kv_save(save, geo); refused != Reason::none) return {false, refused};
+    if (lane.staging.size() < geo.chunk_bytes()) return {false, Reason::kv_transfer_failed};
     const std::size_t blocks_per_chunk = geo.chunk_tokens / geo.block_tokens;
     bool stored = true;
     for (std::size_t i = 0; i < save.chunk_keys.size(); ++i) {
@@ -174,10 +177,11 @@ class PagedKv {
       // The source is released only once no gather can still be reading it: after a
       // synchronize that succeeded (a failed enqueue may follow earlier ones in flight).
       const bool drained = lane.runtime.synchronize(lane.stream);
-      if (!copied || !drained) return {false, drained, Reason::kv_transfer_failed};
+      if (!copied || !drained) return {false, Reason::kv_transfer_failed};
+      if (i + 1 == save.chunk_keys.size()) lane.release_source();
       stored = tier_->put(key_for(geo, save.chunk_keys[i]), lane.staging.first(geo.chunk_bytes())) && stored;
     }
-    return {stored, true, stored ? Reason::none : Reason::kv_transfer_failed};
+    return {stored, stored ? Reason::none : Reason::kv_transfer_failed};
   }
 
   /// The tier this leg reads and writes.

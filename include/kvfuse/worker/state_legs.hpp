@@ -46,15 +46,16 @@ bool scatter_into_slot(LaneContext<R>& lane, SlotId slot, const std::byte* src) 
          lane.runtime.synchronize(lane.stream);
 }
 
-/// Gathers a slot into `dst` and waits for it. The verdict to report if it failed, with
-/// source_released true only when no copy can still be reading the slot: the one copy
-/// was never enqueued, or the stream drained.
+/// Gathers a slot into `dst`, waits for it, and reports the source released (nothing
+/// reads the slot any more). The verdict to report if it failed; the Connector then
+/// synchronizes and releases.
 template <Runtime R>
 std::optional<SaveVerdict> gather_slot(LaneContext<R>& lane, SlotId slot, std::byte* dst) noexcept {
   const std::byte* src = lane.memory.slots + std::size_t{slot.value} * lane.geometry.slot_bytes;
-  if (!lane.runtime.copy_async(dst, src, lane.geometry.slot_bytes, lane.stream))
-    return SaveVerdict{false, true, Reason::state_transfer_failed};
-  if (!lane.runtime.synchronize(lane.stream)) return SaveVerdict{false, false, Reason::state_transfer_failed};
+  if (!lane.runtime.copy_async(dst, src, lane.geometry.slot_bytes, lane.stream) ||
+      !lane.runtime.synchronize(lane.stream))
+    return SaveVerdict{false, Reason::state_transfer_failed};
+  lane.release_source();
   return std::nullopt;
 }
 
@@ -85,17 +86,17 @@ StateFetch fetch_state(T* tier, const StateSpec& spec, const KvSpec* kv, LaneCon
 template <Tier T, Runtime R>
 std::optional<SaveVerdict> refuse_store(const T* tier, const StateStore& store, std::size_t entry_bytes,
                                         const LaneContext<R>& lane) noexcept {
-  if (tier == nullptr) return SaveVerdict{false, true, Reason::no_tier};
-  if (store.source.value >= lane.geometry.num_slots) return SaveVerdict{false, true, Reason::slot_out_of_range};
-  if (lane.staging.size() < entry_bytes) return SaveVerdict{false, true, Reason::state_transfer_failed};
+  if (tier == nullptr) return SaveVerdict{false, Reason::no_tier};
+  if (store.source.value >= lane.geometry.num_slots) return SaveVerdict{false, Reason::slot_out_of_range};
+  if (lane.staging.size() < entry_bytes) return SaveVerdict{false, Reason::state_transfer_failed};
   return std::nullopt;
 }
 }  // namespace detail
 
 /// Kimi-K3 recurrent state: the entry is the slot's bytes, nothing more. Runs on its own
 /// lane, concurrently with the KV leg (R9). A null tier means this rank has no state tier
-/// (R14): loads fail with Reason::no_tier (never a miss), saves report stored = false,
-/// source_released = true.
+/// (R14): loads fail with Reason::no_tier (never a miss), saves report not stored (their
+/// untouched source is released).
 template <Tier T>
 class RecurrentState {
  public:
@@ -122,7 +123,7 @@ class RecurrentState {
     if (auto failed = detail::gather_slot(lane, store.source, lane.staging.data())) return *failed;
     const bool stored = tier_->put(detail::state_key(lane.geometry, store.key.hash),
                                    lane.staging.first(lane.geometry.slot_bytes));
-    return {stored, true, stored ? Reason::none : Reason::state_transfer_failed};
+    return {stored, stored ? Reason::none : Reason::state_transfer_failed};
   }
 
  private:
@@ -176,7 +177,7 @@ class SlotState {
     std::memcpy(lane.staging.data(), &sidecar, sizeof sidecar);
     if (auto failed = detail::gather_slot(lane, store.source, lane.staging.data() + sizeof sidecar)) return *failed;
     const bool stored = tier_->put(detail::state_key(lane.geometry, store.key.hash), lane.staging.first(total));
-    return {stored, true, stored ? Reason::none : Reason::state_transfer_failed};
+    return {stored, stored ? Reason::none : Reason::state_transfer_failed};
   }
 
  private:

@@ -24,10 +24,13 @@ struct LoadAcc {
   bool missed = false;  ///< some rank reported StateOutcome::missed
 };
 
-/// Failure-dominant merge state of one store key.
-struct StoreAcc {
-  bool not_stored = false;    ///< some rank did not store
-  bool not_released = false;  ///< some rank has not released its source
+/// Failure-dominant merge state of one save key. The entry's `reported` mask tracks the
+/// `stored` phase; `released` tracks the `released` phase, which settles on its own.
+struct SaveAcc {
+  std::uint64_t released = 0;     ///< bit r set: rank r's `released` report (or its dead-rank substitute) is in
+  bool released_settled = false;  ///< the `released` phase already went to the sink
+  bool not_stored = false;        ///< some rank did not store
+  bool not_released = false;      ///< some rank could not confirm its source free
 };
 
 /// Pending entries keyed by Key, each carrying an accumulator Acc (value-initialised =
@@ -91,11 +94,12 @@ class QuorumTable {
     (void)tomb_set_.try_emplace(key);
   }
 
-  /// Keys of every pending entry whose `reported` lacks `bit`. May allocate.
-  void keys_missing(std::uint64_t bit, std::vector<Key>& out) {
+  /// Keys of every pending entry for which `wanted(key, entry)` holds. May allocate.
+  template <class Pred>
+  void collect(Pred&& wanted, std::vector<Key>& out) {
     out.clear();
     pending_.for_each([&](const Key& key, const Entry& e) {
-      if ((e.reported & bit) == 0) out.push_back(key);
+      if (wanted(key, e)) out.push_back(key);
     });
   }
 
