@@ -50,7 +50,7 @@ std::string error_of(F&& f, ErrorCode code) {
 
 // ------------------------------------------------------------------------------ R14
 
-TEST_CASE("R14 the capability is decided from config alone, one answer per config") {
+TEST_CASE("R14 the capability is decided from config alone with one answer per config") {
   struct Case {
     const char* what;
     ConnectorConfig cfg;
@@ -93,7 +93,7 @@ TEST_CASE("R14 the capability is decided from config alone, one answer per confi
   }
 }
 
-TEST_CASE("R14 pipeline parallelism > 1 with a state tier is refused at engine construction, naming the value") {
+TEST_CASE("R14 pipeline parallelism > 1 with a state tier is refused at engine construction naming the value") {
   const std::string msg = error_of([] { check_engine_config(single("offload", KvRole::both, StateLayout::k3_recurrent, 2)); },
                                    ErrorCode::unsupported_parallelism);
   CHECK(contains(msg, "pipeline_parallel_size=2"));
@@ -112,7 +112,7 @@ TEST_CASE("R14 pipeline parallelism > 1 with a state tier is refused at engine c
   CHECK_NOTHROW(check_engine_config(single("offload", KvRole::both, StateLayout::k3_recurrent, 1)));
 }
 
-TEST_CASE("R14 the index follows the capability: no loads for a producer, no state legs without a state tier") {
+TEST_CASE("R14 the index follows the capability: no loads for a producer and no state legs without a state tier") {
   auto admit = [](const Capability& cap, bool with_state) {
     OffloadIndex<> index(index_options_for(cap, 4), [](SlotId) {});
     index.note_stored(PrefixHash{1});
@@ -134,7 +134,7 @@ TEST_CASE("R14 the index follows the capability: no loads for a producer, no sta
 
 // ------------------------------------------------------------------------------ R15
 
-TEST_CASE("R15 connector names resolve by trimming, case folding and aliases") {
+TEST_CASE("R15 connector names resolve by trimming and case folding and aliases") {
   CHECK(canonical_connector_name("offload") == "offload");
   CHECK(canonical_connector_name("  LMCacheConnectorV1 \t") == "offload");
   CHECK(canonical_connector_name("LMCACHE_MP") == "offload");
@@ -181,7 +181,7 @@ TEST_CASE("R15 an unknown connector name is an error that lists the known names"
            ErrorCode::unknown_connector);
 }
 
-TEST_CASE("R15 two offload sub-connectors in one multi are refused at startup, in any spelling") {
+TEST_CASE("R15 two offload sub-connectors in one multi are refused at startup in any spelling") {
   const std::vector<std::vector<std::string>> doubles = {
       {"lmcache_offload", "lmcache_offload"},
       {"lmcache_offload", "LMCacheConnectorV1"},

@@ -89,7 +89,7 @@ TEST_CASE("R1 an exception thrown mid-leg still emits exactly one failed record"
   CHECK_FALSE(record_ok(out.loads[0]));
 }
 
-TEST_CASE("R1 an early return emits exactly one record, the unrun leg failed") {
+TEST_CASE("R1 an early return emits exactly one record with the unrun leg failed") {
   RecordingEmitter out;
   load_task(joint_request(), out, Path::early_return);
   REQUIRE(out.loads.size() == 1);
@@ -216,7 +216,7 @@ TEST_CASE("R1 a guard over a lane queue emits one record per dispatch into the l
 
 // ---- the store-side guard ----------------------------------------------------------------
 
-TEST_CASE("R1 a save that reported nothing emits one record: not stored, source not released") {
+TEST_CASE("R1 a save that reported nothing emits one record: not stored and source not released") {
   RecordingEmitter out;
   { StoreGuard guard(StoreKey{PrefixHash{5}, Generation{9}}, 2, out); }
   REQUIRE(out.stores.size() == 1);

@@ -161,7 +161,7 @@ TEST_CASE("R9 a state-only load completes while the load lane is busy with anoth
   CHECK(rank.log.loads[1].kv == KvOutcome::ok);
 }
 
-TEST_CASE("R1 every accepted load reports once, even when the connector is destroyed with loads queued") {
+TEST_CASE("R1 every accepted load reports once even when the connector is destroyed with loads queued") {
   std::atomic<int> kv_calls{0};
   HostRuntime rt;
   SingleRank group;
@@ -240,7 +240,7 @@ StateSpec state_spec(PrefixHash hash, SlotId slot, TokenCount boundary = 48) {
 
 }  // namespace
 
-TEST_CASE("R10 a state-only load ships no KV spec, moves no KV and marks no KV block") {
+TEST_CASE("R10 a state-only load ships no KV spec and moves no KV and marks no KV block") {
   std::atomic<int> kv_calls{0};
   HostRuntime rt;
   SingleRank group;
@@ -280,7 +280,7 @@ TEST_CASE("R10 a state-only load with the shipped legs touches only its slot") {
     REQUIRE(rank.pools.blocks[i] == std::byte{0});
 }
 
-TEST_CASE("R11 specs the rank disagrees with are refused with a reason, never clamped") {
+TEST_CASE("R11 specs the rank disagrees with are refused with a reason and never clamped") {
   RealRank<K3> rank;
   const RankGeometry& g = rank.pools.geo;
   rank.put_state(PrefixHash{5}, g.slot_bytes);
@@ -354,7 +354,7 @@ TEST_CASE("R11 a stateful DSV4 load with a nonzero HBM floor is refused") {
   CHECK(rank.pools.slot_is_zero(SlotId{1}));
 }
 
-TEST_CASE("R12 standing staging bytes are lanes x buffer size, allocated at construction") {
+TEST_CASE("R12 standing staging bytes are lanes x buffer size and allocated at construction") {
   SUBCASE("dense: a load lane and a store lane") {
     RealRank<Dense> rank;
     const ConnectorStats s = rank.conn.stats();
@@ -397,7 +397,7 @@ TEST_CASE("R12 nothing is allocated on the load path") {
   CHECK(rank.pools.holds_prompt(block_range(8, 4), 0, rank.pools.geo.chunk_tokens));
 }
 
-TEST_CASE("R13 a step whose event cannot be created still saves, through a device synchronize") {
+TEST_CASE("R13 a step whose event cannot be created still saves through a device synchronize") {
   RealRank<KimiK3Connector<Mem, SingleRank, FaultyRuntime<HostRuntime>>> rank;
   rank.rt.fail(RuntimeCall::create_event);
   auto compute = rank.rt.make_stream();
@@ -430,7 +430,7 @@ TEST_CASE("R13 when nothing can order the gather the save fails and never reads 
   CHECK(rank.rt.calls(RuntimeCall::copy_async) == copies_before);
 }
 
-TEST_CASE("R14 a rank without a state tier reports stored false, source released, and never a miss") {
+TEST_CASE("R14 a rank without a state tier reports stored false with source released and never a miss") {
   HostRuntime rt;
   SingleRank group;
   DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
@@ -466,7 +466,7 @@ TEST_CASE("R19 a bad geometry is a typed error naming the value") {
   }
 }
 
-TEST_CASE("PagedKv retrieve reports a per-chunk mask; the KV leg is ok only if every chunk arrived") {
+TEST_CASE("PagedKv retrieve reports a per-chunk mask - the KV leg is ok only if every chunk arrived") {
   HostRuntime rt;
   const RankGeometry geo = small_geometry(0, 1);
   DevicePools<HostRuntime> pools(rt, geo);
@@ -538,7 +538,7 @@ TEST_CASE("PagedKv synchronizes once for memory-tier hits and before each reuse 
     check_blocks();
     CHECK(tier.stats().retired_bytes == 0);  // every held view was released
   }
-  SUBCASE("disk tier: staging is reused, so each chunk is synchronized before the next read") {
+  SUBCASE("disk tier: staging is reused so each chunk is synchronized before the next read") {
     const auto dir = std::filesystem::temp_directory_path() / ("kvfuse-paged-" + std::to_string(::getpid()));
     std::filesystem::remove_all(dir);
     {

@@ -65,7 +65,7 @@ TEST_CASE("R16 the first sub with tokens wins the KV load and losers cancel what
   CHECK(pd.cancelled.empty());  // it armed nothing, it cancels nothing
 }
 
-TEST_CASE("R16 the state leg travels only with the tier sub's load, alone, or is released") {
+TEST_CASE("R16 the state leg travels only with the tier sub's load or alone or is released") {
   Mooncake pd;
   Offload tier;
   Multi<Mooncake, Offload> multi(pd, tier);
@@ -84,7 +84,7 @@ TEST_CASE("R16 the state leg travels only with the tier sub's load, alone, or is
   CHECK(no_tier.arbitrate(q, true).state == StateDisposition::released);  // no tier sub to run it
 }
 
-TEST_CASE("R16 a released state load is abandoned, not missed, and unparks nothing else") {
+TEST_CASE("R16 a released state load is abandoned (not missed) and unparks nothing else") {
   std::vector<SlotId> released_slots;
   OffloadIndex<> index(OffloadIndexOptions{.hash_capacity = 16, .slot_count = 4},
                        [&](SlotId s) { released_slots.push_back(s); });

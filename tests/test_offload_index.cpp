@@ -89,7 +89,7 @@ struct kvfuse::detail::OffloadIndexAccess<AuditTag> {
 
 // ------------------------------------------------------------------------------ R5
 
-TEST_CASE("R5 the lifecycle identity holds at every instant, a live unconsumed ticket included") {
+TEST_CASE("R5 the lifecycle identity holds at every instant (a live unconsumed ticket included)") {
   Harness h;
   h.index.note_stored(PrefixHash{7});
   LoadAdmission a = h.index.request_load(RequestId{1}, kv_spec(0, 512), leg(7, 1));
@@ -147,7 +147,7 @@ TEST_CASE("R5 stats() audits the identities on every read and counts each failed
   CHECK(h.index.check_consistency().ok);
 }
 
-TEST_CASE("R5 the indexed hashes are LRU-capped with evictions counted, as one structure") {
+TEST_CASE("R5 the indexed hashes are LRU-capped with evictions counted as one structure") {
   Harness h(small_options(3));
   for (std::uint64_t x : {1, 2, 3}) h.index.note_stored(PrefixHash{x});
   CHECK(lru_order(h.index) == std::vector<std::uint64_t>{3, 2, 1});
@@ -174,7 +174,7 @@ TEST_CASE("R5 the indexed hashes are LRU-capped with evictions counted, as one s
   check_identity(h.index);
 }
 
-TEST_CASE("R5 a hash is indexed only when a store settles stored, and a store settles once") {
+TEST_CASE("R5 a hash is indexed only when a store settles stored and a store settles once") {
   Harness h;
   const StoreKey a{PrefixHash{11}, Generation{1}};
   const StoreKey b{PrefixHash{12}, Generation{2}};
@@ -294,7 +294,7 @@ TEST_CASE("R6 a ticket destroyed unconsumed abandons itself and the scheduler dr
   check_identity(h.index);
 }
 
-TEST_CASE("R6 dispatch yields the whole LoadRequest and moves, never copies, the KV spec") {
+TEST_CASE("R6 dispatch yields the whole LoadRequest and moves (never copies) the KV spec") {
   Harness h;
   h.index.note_stored(PrefixHash{5});
   KvSpec kv = kv_spec(256, 1024);
@@ -320,7 +320,7 @@ TEST_CASE("R6 dispatch yields the whole LoadRequest and moves, never copies, the
 
 // ------------------------------------------------------------------------------ R7
 
-TEST_CASE("R7 an abandon never retracts the hash; only a genuine miss does") {
+TEST_CASE("R7 an abandon never retracts the hash - only a genuine miss does") {
   Harness h;
   h.index.note_stored(PrefixHash{42});
 
@@ -381,7 +381,7 @@ TEST_CASE("R8 the index never releases the slot of a live request") {
   CHECK(h.index.stats().slots_released == 0);
 }
 
-TEST_CASE("R8 an orphan's slot goes back exactly once, when its load settles") {
+TEST_CASE("R8 an orphan's slot goes back exactly once when its load settles") {
   for (int how = 0; how < 3; ++how) {
     CAPTURE(how);
     Harness h;
@@ -421,7 +421,7 @@ TEST_CASE("R8 orphan() of a load that is not in flight leaves the slot with the 
   CHECK(h.index.stats().orphaned == 0);
 }
 
-TEST_CASE("R8 reclaim ages orphans from orphan time, not dispatch time") {
+TEST_CASE("R8 reclaim ages orphans from orphan time and not dispatch time") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   const LoadKey slow = start(h.index, 1, std::nullopt, leg(1, 1));
@@ -447,7 +447,7 @@ TEST_CASE("R8 reclaim ages orphans from orphan time, not dispatch time") {
   check_identity(h.index);
 }
 
-TEST_CASE("R8 reclaim takes only orphans old enough, oldest first, even if the clock went back") {
+TEST_CASE("R8 reclaim takes only orphans old enough and oldest first even if the clock went back") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   const auto t0 = ManualClock::now();
@@ -481,7 +481,7 @@ TEST_CASE("R8 a timeout of zero or less disables reclaim") {
   CHECK(h.index.is_outstanding(k));
 }
 
-TEST_CASE("R8 a re-admitted request gets a new generation and its own slot; the old orphan neither blocks nor is touched") {
+TEST_CASE("R8 a re-admitted request gets a new generation and its own slot - the old orphan neither blocks nor is touched") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   const LoadKey first = start(h.index, 7, kv_spec(0, 512), leg(1, 1));
@@ -504,7 +504,7 @@ TEST_CASE("R8 a re-admitted request gets a new generation and its own slot; the 
   check_identity(h.index);
 }
 
-TEST_CASE("R8 a release callback that throws is counted, never propagated") {
+TEST_CASE("R8 a release callback that throws is counted and never propagated") {
   OffloadIndexOptions o = small_options();
   Index index(o, [](SlotId) { throw std::runtime_error("allocator said no"); });
   index.note_stored(PrefixHash{1});
@@ -519,7 +519,7 @@ TEST_CASE("R8 a release callback that throws is counted, never propagated") {
 
 // ------------------------------------------------------------------------------ R3
 
-TEST_CASE("R3 reports for unknown, settled, reclaimed or undispatched keys are late and change nothing") {
+TEST_CASE("R3 reports for unknown / settled / reclaimed / undispatched keys are late and change nothing") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   const LoadKey live = start(h.index, 1, std::nullopt, leg(1, 1));
@@ -567,7 +567,7 @@ TEST_CASE("R3 reports for unknown, settled, reclaimed or undispatched keys are l
   check_identity(h.index);
 }
 
-TEST_CASE("R3 the index issues one fresh generation per admission, continuing after last_issued") {
+TEST_CASE("R3 the index issues one fresh generation per admission continuing after last_issued") {
   OffloadIndexOptions o = small_options();
   o.last_issued = Generation{41};
   std::vector<SlotId> released;
@@ -587,7 +587,7 @@ TEST_CASE("R3 the index issues one fresh generation per admission, continuing af
 
 // ------------------------------------------------------------------------------ R17
 
-TEST_CASE("R17 stats(), hash_of and a failing batch visit no entry at any size; the consistency walk visits all") {
+TEST_CASE("R17 stats() and hash_of and a failing batch visit no entry at any size - the consistency walk visits all") {
   Harness h(small_options(std::size_t{1} << 17, 4));
   h.index.note_stored(PrefixHash{1});
   const LoadKey one = start(h.index, 1, kv_spec(0, 256), std::nullopt);
@@ -629,7 +629,7 @@ TEST_CASE("R17 stats(), hash_of and a failing batch visit no entry at any size; 
 
 // ------------------------------------------------------------------------------ R19
 
-TEST_CASE("R19 bad input to the index is refused and leaves every counter, slot and hash as it was") {
+TEST_CASE("R19 bad input to the index is refused and leaves every counter and slot and hash as it was") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   h.index.note_stored(PrefixHash{2});
@@ -726,7 +726,7 @@ TEST_CASE("R19 construction errors throw kvfuse::Error naming the value") {
   }
 }
 
-TEST_CASE("R19 the load, settle and drain paths are noexcept") {
+TEST_CASE("R19 the load / settle / drain paths are noexcept") {
   Harness h;
   LoadTicket t;
   std::vector<LoadResolution> out;
@@ -749,7 +749,7 @@ TEST_CASE("R19 the load, settle and drain paths are noexcept") {
   CHECK(noexcept(h.index.stats()));
 }
 
-TEST_CASE("index: preallocated hashes, drain by visitor, and queries on resolved keys") {
+TEST_CASE("index: preallocated hashes - drain by visitor - queries on resolved keys") {
   OffloadIndexOptions o = small_options(1024);
   o.preallocate_hashes = true;
   std::vector<SlotId> released;

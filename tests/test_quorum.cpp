@@ -137,7 +137,7 @@ TEST_CASE("R2 a miss on one rank and a KV failure on another settle together and
   CHECK(out.loads[0] == Settlement{lk(1, 1), false, true});
 }
 
-TEST_CASE("R2 a KV-only failure, a transfer failure, a refusal or `none` never retract") {
+TEST_CASE("R2 a KV-only failure / a transfer failure / a refusal / `none` never retract") {
   for (StateOutcome other : {StateOutcome::restored, StateOutcome::failed, StateOutcome::refused, StateOutcome::none}) {
     TpQuorum q(config(2));
     Collect out;
@@ -171,7 +171,7 @@ TEST_CASE("R4 contradictory reports from one rank: a failure is never overwritte
   CHECK(out.loads[0] == Settlement{lk(1, 1), false, true});
 }
 
-TEST_CASE("R4 a partial quorum waits: no expiry, visible in stats with its age") {
+TEST_CASE("R4 a partial quorum waits: no expiry and visible in stats with its age") {
   TpQuorum q(config(8));
   Collect out;
   const Time t0 = Time{} + 1000s;
@@ -209,7 +209,7 @@ TEST_CASE("R4 the oldest-pending gauge follows settlements out of order") {
   CHECK(q.stats().oldest_pending_age(t0 + 100s) == std::chrono::steady_clock::duration::zero());
 }
 
-TEST_CASE("R4 a dead rank unblocks every key waiting on it, as failed, and never retracts for it") {
+TEST_CASE("R4 a dead rank unblocks every key waiting on it as failed and never retracts for it") {
   TpQuorum q(config(3));
   Collect out;
   feed(q, rec(lk(1, 1), 0), out);  // A: waits only on rank 2
@@ -428,7 +428,7 @@ TEST_CASE("R4 a dead rank never counts as stored but releases its source") {
   CHECK(out.stores[0] == StoreSettlement{sk(1, 1), false, true});
 }
 
-TEST_CASE("R3 store records settle only for saves the pump was told about, once") {
+TEST_CASE("R3 store records settle only for saves the pump was told about and only once") {
   PumpFixture f(config(2));
   f.send(srec(sk(5, 1), 0));  // never announced
   f.send(srec(sk(5, 1), 1));
@@ -503,7 +503,7 @@ TEST_CASE("R3 TpQuorum lane queues feed the pump in one step") {
 static_assert(SettlementIndex<OffloadIndex<>>);
 static_assert(StoreNotingIndex<OffloadIndex<>>);
 
-TEST_CASE("R2 guards on two ranks, the quorum and the pump settle a joint load into OffloadIndex") {
+TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint load into OffloadIndex") {
   std::vector<SlotId> released;
   OffloadIndexOptions options;
   options.hash_capacity = 64;
