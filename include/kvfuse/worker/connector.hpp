@@ -124,13 +124,16 @@ class Connector {
   ~Connector() { drain(); }
 
   /// Accepts one load: KV-only and joint loads run on the load lane; a state-only load
-  /// with a concurrent state leg runs entirely on the state lane (R9), so it never queues
-  /// behind other requests' KV retrieves. Exactly one record follows (R1). Dispatch thread
-  /// only; noexcept; never allocates (the request is moved into the lane's inline task).
+  /// (a state spec, no KV spec) with a concurrent state leg runs entirely on the state
+  /// lane (R9), so it never queues behind other requests' KV retrieves. A request with
+  /// neither leg (an empty ticket's dispatch, a garbled transport) runs on the load lane
+  /// and reports Reason::invalid_spec, on every composition. Exactly one record follows
+  /// (R1). Dispatch thread only; noexcept; never allocates (the request is moved into the
+  /// lane's inline task).
   void load(LoadRequest request) noexcept {
     loads_.fetch_add(1, std::memory_order_relaxed);
     if constexpr (has_state_lane) {
-      if (!request.kv.has_value()) {
+      if (request.state.has_value() && !request.kv.has_value()) {
         state_lane_.submit([this, req = std::move(request)]() mutable noexcept { run_state_only(req); });
         return;
       }
@@ -246,7 +249,8 @@ class Connector {
     }
   }
 
-  /// The state lane's task for a state-only load: it reports from the state lane.
+  /// The state lane's task for a state-only load: it reports from the state lane. load()
+  /// routes a request here only if it has a state spec.
   void run_state_only(LoadRequest& req) noexcept
     requires has_state_lane
   {
