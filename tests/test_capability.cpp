@@ -157,7 +157,6 @@ TEST_CASE("R15 connector names resolve by trimming and case folding and aliases"
   static_assert(is_offload_connector(" LMCacheConnectorV1"));
   static_assert(is_offload_connector("lmcache_mp"));
   static_assert(!is_offload_connector("mooncake"));
-  static_assert(!is_offload_connector("no-such-connector"));
   static_assert(is_multi_connector("MULTICONNECTOR"));
   static_assert(canonical_connector_name("Kvfuse") == "offload");
   constexpr std::array<std::string_view, 3> composition{"lmcache_offload", "mooncake", "LMCacheConnectorV1"};
@@ -172,6 +171,16 @@ TEST_CASE("R15 an unknown connector name is an error that lists the known names"
     quoted.append(bad).append("'");
     CHECK(contains(msg, quoted));
     for (const ConnectorInfo& c : known_connectors) CHECK(contains(msg, c.canonical));
+  }
+  // Nor do the predicates: an unknown name is an error, never a quiet "not offload".
+  for (std::string_view bad : {"no-such-connector", "LMCacheConnectorV2"}) {
+    CAPTURE(bad);
+    const std::string offload = error_of([&] { (void)is_offload_connector(bad); }, ErrorCode::unknown_connector);
+    CHECK(contains(offload, bad));
+    for (const ConnectorInfo& c : known_connectors) CHECK(contains(offload, c.canonical));
+    error_of([&] { (void)is_multi_connector(bad); }, ErrorCode::unknown_connector);
+    const std::array<std::string_view, 2> composition{"mooncake", bad};
+    error_of([&] { (void)count_offload_connectors(composition); }, ErrorCode::unknown_connector);
   }
   // The capability never reads an unknown name as "no connector".
   error_of([] { (void)state_tier_capability(single("LMCacheConnectorV2", KvRole::both, StateLayout::k3_recurrent)); },
