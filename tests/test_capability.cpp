@@ -68,8 +68,8 @@ TEST_CASE("R14 the capability is decided from config alone with one answer per c
        "layout=none"},
       {"a P/D connector hosts no tier", single("mooncake", KvRole::both, StateLayout::k3_recurrent), false, false,
        false, false, "'mooncake' hosts no offload connector"},
-      {"pp > 1 turns the state tier off", single("offload", KvRole::both, StateLayout::k3_recurrent, 2), false, false,
-       true, true, "pipeline_parallel_size=2"},
+      {"pp > 1 without a state tier: KV only", single("offload", KvRole::both, StateLayout::none, 4), false, false,
+       true, true, "layout=none"},
       {"multi [mooncake producer, offload]: the offload sub inherits the multi's role",
        multi("multi", {{"mooncake", KvRole::producer}, {"LMCacheConnectorV1", std::nullopt}}, StateLayout::k3_recurrent),
        true, true, true, true, ""},
@@ -93,23 +93,34 @@ TEST_CASE("R14 the capability is decided from config alone with one answer per c
   }
 }
 
-TEST_CASE("R14 pipeline parallelism > 1 with a state tier is refused at engine construction naming the value") {
-  const std::string msg = error_of([] { check_engine_config(single("offload", KvRole::both, StateLayout::k3_recurrent, 2)); },
-                                   ErrorCode::unsupported_parallelism);
-  CHECK(contains(msg, "pipeline_parallel_size=2"));
-  CHECK(contains(msg, "k3_recurrent"));
-  // Through a multi, in an alias spelling, and for a one-sided role too.
-  const std::string msg4 = error_of(
-      [] {
-        check_engine_config(multi(" Multi-Connector ", {{"mooncake", KvRole::producer}, {"lmcache_mp", KvRole::consumer}},
-                                  StateLayout::dsv4_slot, KvRole::both, 4));
-      },
-      ErrorCode::unsupported_parallelism);
-  CHECK(contains(msg4, "pipeline_parallel_size=4"));
-  // A config that would not host a state tier anyway starts under any pp.
-  CHECK_NOTHROW(check_engine_config(single("offload", KvRole::both, StateLayout::none, 8)));
-  CHECK_NOTHROW(check_engine_config(single("nixl", KvRole::both, StateLayout::k3_recurrent, 8)));
-  CHECK_NOTHROW(check_engine_config(single("offload", KvRole::both, StateLayout::k3_recurrent, 1)));
+TEST_CASE("R14 pipeline parallelism > 1 with a state tier is refused at engine construction naming the values") {
+  // Both entry points refuse it: the capability is never a quiet "no state tier" for it.
+  for (const bool capability : {true, false}) {
+    CAPTURE(capability);
+    auto decide = [&](const ConnectorConfig& cfg) {
+      if (capability) (void)state_tier_capability(cfg);
+      else check_engine_config(cfg);
+    };
+    const std::string msg = error_of([&] { decide(single("offload", KvRole::both, StateLayout::k3_recurrent, 2)); },
+                                     ErrorCode::unsupported_parallelism);
+    CHECK(contains(msg, "pipeline_parallel_size=2"));
+    CHECK(contains(msg, "k3_recurrent"));
+    // Through a multi, in an alias spelling, and for a one-sided role too.
+    const std::string msg4 = error_of(
+        [&] {
+          decide(multi(" Multi-Connector ", {{"mooncake", KvRole::producer}, {"lmcache_mp", KvRole::consumer}},
+                       StateLayout::dsv4_slot, KvRole::both, 4));
+        },
+        ErrorCode::unsupported_parallelism);
+    CHECK(contains(msg4, "pipeline_parallel_size=4"));
+    CHECK(contains(msg4, "dsv4_slot"));
+    error_of([&] { decide(single("offload", KvRole::producer, StateLayout::dsv4_slot, 2)); },
+             ErrorCode::unsupported_parallelism);
+    // A config that would not host a state tier anyway starts under any pp.
+    CHECK_NOTHROW(decide(single("offload", KvRole::both, StateLayout::none, 8)));
+    CHECK_NOTHROW(decide(single("nixl", KvRole::both, StateLayout::k3_recurrent, 8)));
+    CHECK_NOTHROW(decide(single("offload", KvRole::both, StateLayout::k3_recurrent, 1)));
+  }
 }
 
 TEST_CASE("R14 the index follows the capability: no loads for a producer and no state legs without a state tier") {
@@ -128,8 +139,9 @@ TEST_CASE("R14 the index follows the capability: no loads for a producer and no 
   const Capability dense = state_tier_capability(single("offload", KvRole::both, StateLayout::none));
   CHECK(admit(dense, false) == LoadRefusal::none);
   CHECK(admit(dense, true) == LoadRefusal::no_state_tier);
-  const Capability pp2 = state_tier_capability(single("offload", KvRole::both, StateLayout::k3_recurrent, 2));
-  CHECK(admit(pp2, true) == LoadRefusal::no_state_tier);
+  const Capability dense_pp4 = state_tier_capability(single("offload", KvRole::both, StateLayout::none, 4));
+  CHECK(admit(dense_pp4, false) == LoadRefusal::none);
+  CHECK(admit(dense_pp4, true) == LoadRefusal::no_state_tier);
 }
 
 // ------------------------------------------------------------------------------ R15
