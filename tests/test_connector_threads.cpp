@@ -466,6 +466,45 @@ TEST_CASE("R19 a bad geometry is a typed error naming the value") {
   }
 }
 
+TEST_CASE("R19 a rank cut for another world size does not join the group") {
+  HostRuntime rt;
+  Mem tier(1 << 20);
+  // Runs `make`, which must throw kvfuse::Error(invalid_argument); returns the message.
+  auto refusal = [](auto make) -> std::string {
+    try {
+      make();
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      return e.what();
+    }
+    FAIL("a rank of another world joined the group");
+    return {};
+  };
+  SUBCASE("rank 0 of 8 into a 4-rank TpQuorum") {
+    TpQuorum quorum{TpQuorumConfig{4, 3, 64}};
+    DevicePools<HostRuntime> of8(rt, small_geometry(0, 8));
+    const std::string msg = refusal([&] {
+      DenseConnector<Mem, TpQuorum> conn(of8.geo, rt, of8.memory(), PagedKv<Mem>(tier), NoState{}, quorum);
+    });
+    CHECK(msg.find("world_size (8)") != std::string::npos);
+    CHECK(msg.find("world_size (4)") != std::string::npos);
+    // Nothing was claimed: rank 0 cut for 4 still joins.
+    DevicePools<HostRuntime> of4(rt, small_geometry(0, 4));
+    CHECK_NOTHROW(DenseConnector<Mem, TpQuorum>(of4.geo, rt, of4.memory(), PagedKv<Mem>(tier), NoState{}, quorum));
+  }
+  SUBCASE("rank 0 of 4 into a SingleRank group") {
+    SingleRank single;
+    DevicePools<HostRuntime> of4(rt, small_geometry(0, 4));
+    const std::string msg = refusal([&] {
+      K3 conn(of4.geo, rt, of4.memory(), PagedKv<Mem>(tier), RecurrentState<Mem>(&tier), single);
+    });
+    CHECK(msg.find("world_size (4)") != std::string::npos);
+    CHECK(msg.find("world_size (1)") != std::string::npos);
+    DevicePools<HostRuntime> of1(rt, small_geometry(0, 1));
+    CHECK_NOTHROW(K3(of1.geo, rt, of1.memory(), PagedKv<Mem>(tier), RecurrentState<Mem>(&tier), single));
+  }
+}
+
 TEST_CASE("PagedKv retrieve reports a per-chunk mask - the KV leg is ok only if every chunk arrived") {
   HostRuntime rt;
   const RankGeometry geo = small_geometry(0, 1);

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -102,12 +103,14 @@ class Connector {
         state_lane_("kvfuse-state", options.lane_capacity) {}
 
   /// Same, claiming this rank's lane emitters from `group` (lanes 0 .. lane_count-1 of
-  /// rank geometry.rank). Throws kvfuse::Error if the group has too few lanes or they are
-  /// already claimed.
+  /// rank geometry.rank). Throws kvfuse::Error(invalid_argument) naming both values if
+  /// geometry.world_size is not group.world_size() (a rank cut for another world), and
+  /// kvfuse::Error if the group has too few lanes or they are already claimed. The
+  /// geometry, memory and world size are checked before any emitter is claimed.
   Connector(const RankGeometry& geometry, R& runtime, DeviceMemory memory, KvLeg kv_leg, StateLeg state_leg,
             Group& group, ConnectorOptions options = {})
       : Connector(geometry, runtime, memory, std::move(kv_leg), std::move(state_leg),
-                  claim_emitters(group, geometry.rank), options) {}
+                  claim_checked(group, geometry, memory), options) {}
 
   /// Claims the lane emitters of `rank` from `group`, in lane order (load, store, state).
   static Emitters claim_emitters(Group& group, std::uint32_t rank) {
@@ -194,6 +197,17 @@ class Connector {
     if (has_state && memory.slots == nullptr)
       throw Error(ErrorCode::invalid_argument, "DeviceMemory::slots is null for a stateful connector");
     return geometry;
+  }
+
+  /// Validates like the constructor, refuses a rank whose world is not the group's, then
+  /// claims the rank's emitters.
+  static Emitters claim_checked(Group& group, const RankGeometry& geometry, DeviceMemory memory) {
+    (void)validated(geometry, memory);
+    if (geometry.world_size != group.world_size())
+      throw Error(ErrorCode::invalid_argument,
+                  "geometry.world_size (" + std::to_string(geometry.world_size) + ") differs from the group's world_size (" +
+                      std::to_string(group.world_size()) + "): a rank cut for another world cannot join this group");
+    return claim_emitters(group, geometry.rank);
   }
 
   static std::size_t staging_size(const RankGeometry& geometry, const ConnectorOptions& options) {
