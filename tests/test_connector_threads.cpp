@@ -204,7 +204,7 @@ struct RealRank {
   Conn conn{make()};
   Conn make() {
     if constexpr (Conn::has_state)
-      return Conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), typename Conn::state_leg_type(&tier), group);
+      return Conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), typename Conn::state_leg_type(tier), group);
     else
       return Conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group);
   }
@@ -430,12 +430,15 @@ TEST_CASE("R13 when nothing can order the gather the save fails and never reads 
   CHECK(rank.rt.calls(RuntimeCall::copy_async) == copies_before);
 }
 
-TEST_CASE("R14 a rank without a state tier reports stored false with source released and never a miss") {
+namespace {
+/// A rank of `Conn` built on `no_state_tier`: one state store and one state-only load.
+template <class Conn>
+void without_a_state_tier() {
   HostRuntime rt;
   SingleRank group;
   DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
   Mem kv_tier(1 << 20);
-  K3 conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(kv_tier), RecurrentState<Mem>(nullptr), group);
+  Conn conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(kv_tier), typename Conn::state_leg_type(no_state_tier), group);
   conn.store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
   LoadRequest r;
   r.key = LoadKey{RequestId{1}, Generation{2}};
@@ -448,6 +451,21 @@ TEST_CASE("R14 a rank without a state tier reports stored false with source rele
   CHECK(log.stores[0].reason == Reason::no_tier);
   CHECK(log.loads[0].state == StateOutcome::failed);  // failed never retracts; missed would
   CHECK(log.loads[0].reason == Reason::no_tier);
+}
+}  // namespace
+
+TEST_CASE("R14 a rank without a state tier reports stored false with source released and never a miss") {
+  // "No tier" is written at the call site: a tier pointer, null or not, builds no leg.
+  static_assert(std::is_constructible_v<RecurrentState<Mem>, Mem&>);
+  static_assert(std::is_constructible_v<RecurrentState<Mem>, NoStateTier>);
+  static_assert(!std::is_constructible_v<RecurrentState<Mem>, Mem*>);
+  static_assert(!std::is_constructible_v<RecurrentState<Mem>, std::nullptr_t>);
+  static_assert(std::is_constructible_v<SlotState<Mem>, Mem&>);
+  static_assert(std::is_constructible_v<SlotState<Mem>, NoStateTier>);
+  static_assert(!std::is_constructible_v<SlotState<Mem>, Mem*>);
+  static_assert(!std::is_constructible_v<SlotState<Mem>, std::nullptr_t>);
+  SUBCASE("Kimi-K3") { without_a_state_tier<K3>(); }
+  SUBCASE("DSV4") { without_a_state_tier<Dsv4>(); }
 }
 
 TEST_CASE("R19 a bad geometry is a typed error naming the value") {
@@ -496,12 +514,12 @@ TEST_CASE("R19 a rank cut for another world size does not join the group") {
     SingleRank single;
     DevicePools<HostRuntime> of4(rt, small_geometry(0, 4));
     const std::string msg = refusal([&] {
-      K3 conn(of4.geo, rt, of4.memory(), PagedKv<Mem>(tier), RecurrentState<Mem>(&tier), single);
+      K3 conn(of4.geo, rt, of4.memory(), PagedKv<Mem>(tier), RecurrentState<Mem>(tier), single);
     });
     CHECK(msg.find("world_size (4)") != std::string::npos);
     CHECK(msg.find("world_size (1)") != std::string::npos);
     DevicePools<HostRuntime> of1(rt, small_geometry(0, 1));
-    CHECK_NOTHROW(K3(of1.geo, rt, of1.memory(), PagedKv<Mem>(tier), RecurrentState<Mem>(&tier), single));
+    CHECK_NOTHROW(K3(of1.geo, rt, of1.memory(), PagedKv<Mem>(tier), RecurrentState<Mem>(tier), single));
   }
 }
 

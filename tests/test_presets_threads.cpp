@@ -64,7 +64,7 @@ struct Rank {
   Conn make(HostRuntime& rt, TpQuorum& group) {
     if constexpr (Conn::has_state) {
       using S = typename Conn::state_leg_type;
-      return Conn(pools.geo, rt, pools.memory(), typename Conn::kv_leg_type(*tier), S(tier.get()), group);
+      return Conn(pools.geo, rt, pools.memory(), typename Conn::kv_leg_type(*tier), S(*tier), group);
     } else {
       return Conn(pools.geo, rt, pools.memory(), typename Conn::kv_leg_type(*tier), NoState{}, group);
     }
@@ -174,7 +174,7 @@ void legless_request_is_refused(typename Conn::group_type& group, std::uint32_t 
     pools.push_back(std::make_unique<DevicePools<HostRuntime>>(rt, small_geometry(r, world)));
     tiers.push_back(std::make_unique<T>(std::size_t{1} << 20));
     auto state_leg = [&] {
-      if constexpr (Conn::has_state) return typename Conn::state_leg_type(tiers.back().get());
+      if constexpr (Conn::has_state) return typename Conn::state_leg_type(*tiers.back());
       else return NoState{};
     };
     conns.push_back(std::make_unique<Conn>(pools.back()->geo, rt, pools.back()->memory(),

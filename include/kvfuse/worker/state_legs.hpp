@@ -33,6 +33,15 @@ inline Reason check_state_spec(const StateSpec& spec, const KvSpec* kv, const Ra
   return Reason::none;
 }
 
+/// The explicit "this rank has no state tier" (R14), passed to RecurrentState / SlotState
+/// instead of a tier. There is no pointer constructor, so a forgotten `&tier` does not
+/// compile into a rank that silently stores nothing. Plain data; any thread.
+struct NoStateTier {
+  explicit constexpr NoStateTier() noexcept = default;
+};
+/// The one NoStateTier value: `RecurrentState<T>(kvfuse::no_state_tier)`.
+inline constexpr NoStateTier no_state_tier{};
+
 namespace detail {
 inline TierKey state_key(const RankGeometry& geo, PrefixHash hash) noexcept {
   return TierKey{geo.model, hash, geo.world_size, geo.rank, EntryKind::state};
@@ -93,15 +102,18 @@ std::optional<SaveVerdict> refuse_store(const T* tier, const StateStore& store, 
 }  // namespace detail
 
 /// Kimi-K3 recurrent state: the entry is the slot's bytes, nothing more. Runs on its own
-/// lane, concurrently with the KV leg (R9). A null tier means this rank has no state tier
-/// (R14): loads fail with Reason::no_tier (never a miss), saves report stored = false,
-/// source_released = true.
+/// lane, concurrently with the KV leg (R9). Built on `no_state_tier`, this rank has no
+/// state tier (R14): loads fail with Reason::no_tier (never a miss), saves report
+/// stored = false, source_released = true.
 template <Tier T>
 class RecurrentState {
  public:
   static constexpr StateOrdering ordering = StateOrdering::concurrent;
   using tier_type = T;
-  explicit RecurrentState(T* tier) noexcept : tier_(tier) {}
+  /// Loads and stores through `tier`, which must outlive the leg. Any thread, before use.
+  explicit RecurrentState(T& tier) noexcept : tier_(&tier) {}
+  /// This rank has no state tier (R14). Any thread, before use.
+  explicit RecurrentState(NoStateTier) noexcept : tier_(nullptr) {}
 
   /// Restores the checkpoint into the slot. Noexcept, no allocation.
   template <Runtime R>
@@ -126,7 +138,7 @@ class RecurrentState {
   }
 
  private:
-  T* tier_;
+  T* tier_;  // null only when built on no_state_tier
 };
 
 /// The sidecar a DSV4 slot entry carries in front of the slot bytes, so a load can check
@@ -141,12 +153,16 @@ struct SlotSidecar {
 /// DeepSeek-V4 slot state: runs after the KV leg on the load lane (page retrieve, sidecar
 /// validation, slot scatter, one record). A stateful DSV4 load must start from hbm = 0
 /// (the slot state is rebuilt together with the pages); a nonzero floor is refused.
+/// Built on `no_state_tier`, it behaves like RecurrentState without a tier (R14).
 template <Tier T>
 class SlotState {
  public:
   static constexpr StateOrdering ordering = StateOrdering::after_kv;
   using tier_type = T;
-  explicit SlotState(T* tier) noexcept : tier_(tier) {}
+  /// Loads and stores through `tier`, which must outlive the leg. Any thread, before use.
+  explicit SlotState(T& tier) noexcept : tier_(&tier) {}
+  /// This rank has no state tier (R14). Any thread, before use.
+  explicit SlotState(NoStateTier) noexcept : tier_(nullptr) {}
 
   /// Validates the sidecar, then scatters the payload into the slot. Noexcept, no allocation.
   template <Runtime R>
@@ -180,7 +196,7 @@ class SlotState {
   }
 
  private:
-  T* tier_;
+  T* tier_;  // null only when built on no_state_tier
 };
 
 }  // namespace kvfuse
