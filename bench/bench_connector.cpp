@@ -292,6 +292,7 @@ struct SerialRecurrentState {
   SaveVerdict store(const StateStore& store, LaneContext<R>& lane) const noexcept {
     return inner.store(store, lane);
   }
+  static constexpr std::size_t entry_bytes(const RankGeometry& g) noexcept { return RecurrentState<T>::entry_bytes(g); }
 };
 
 using JointTier = DelayTier<MemoryTier<>>;

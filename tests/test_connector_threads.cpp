@@ -44,6 +44,7 @@ struct ScriptedState {
   SaveVerdict store(const StateStore&, LaneContext<R>&) {
     return {true, true, Reason::none};
   }
+  static constexpr std::size_t entry_bytes(const RankGeometry& g) noexcept { return g.slot_bytes; }
 };
 
 using ScriptedConnector = Connector<ScriptedKv, ScriptedState, SingleRank>;
@@ -368,6 +369,66 @@ TEST_CASE("R12 standing staging bytes are lanes x buffer size and allocated at c
     CHECK(s.lanes == 3);
     CHECK(s.standing_staging_bytes == 3 * rank.pools.geo.chunk_bytes());
     CHECK(rank.rt.pinned_bytes() == s.standing_staging_bytes);
+  }
+}
+
+namespace {
+/// A concurrent state leg that does not say how big its entries are: not a StateLegFor.
+struct SizelessState {
+  static constexpr StateOrdering ordering = StateOrdering::concurrent;
+  template <Runtime R>
+  StateVerdict load(const StateSpec&, const KvSpec*, LaneContext<R>&) { return {}; }
+  template <Runtime R>
+  SaveVerdict store(const StateStore&, LaneContext<R>&) { return {}; }
+};
+
+/// Builds a `Conn` rank on `g` and returns its standing staging bytes; a stateful one
+/// also stores the checkpoint in slot 0 and restores it into slot 1 through that staging.
+template <class Conn>
+std::size_t standing_staging(const RankGeometry& g) {
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, g);
+  Mem tier(1 << 20);
+  auto state_leg = [&] {
+    if constexpr (Conn::has_state) return typename Conn::state_leg_type(tier);
+    else return NoState{};
+  };
+  Conn conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), state_leg(), group);
+  const ConnectorStats stats = conn.stats();
+  CHECK(stats.lanes == Conn::lane_count);
+  CHECK(rt.pinned_bytes() == stats.standing_staging_bytes);
+  if constexpr (Conn::has_state) {
+    pools.write_state(SlotId{0}, PrefixHash{5});
+    conn.store_state(StateStore{StoreKey{PrefixHash{5}, Generation{1}}, SlotId{0}, 48});
+    RecordLog log;
+    REQUIRE(drain_until(group, log, [&] { return log.stores.size() == 1; }));
+    CHECK(log.stores[0].stored);
+    LoadRequest r;
+    r.key = LoadKey{RequestId{1}, Generation{2}};
+    r.state = state_spec(PrefixHash{5}, SlotId{1});
+    conn.load(std::move(r));
+    REQUIRE(drain_until(group, log, [&] { return log.loads.size() == 1; }));
+    CHECK(log.loads[0].state == StateOutcome::restored);
+    CHECK(pools.holds_state(SlotId{1}, PrefixHash{5}));
+  }
+  return stats.standing_staging_bytes;
+}
+}  // namespace
+
+TEST_CASE("R12 staging per lane is the larger of a KV chunk and the preset's state entry") {
+  static_assert(!StateLegFor<SizelessState, HostRuntime>);
+  static_assert(sizeof(SlotSidecar) == 24);
+  for (const std::size_t slot_bytes : {std::size_t{512}, std::size_t{4096}}) {  // below and above a chunk
+    CAPTURE(slot_bytes);
+    RankGeometry g = small_geometry(0, 1);
+    g.slot_bytes = slot_bytes;
+    const std::size_t chunk = g.chunk_bytes();  // 2048
+    CHECK(RecurrentState<Mem>::entry_bytes(g) == slot_bytes);
+    CHECK(SlotState<Mem>::entry_bytes(g) == 24 + slot_bytes);
+    CHECK(standing_staging<Dense>(g) == 2 * chunk);
+    CHECK(standing_staging<Dsv4>(g) == 2 * std::max(chunk, 24 + slot_bytes));
+    CHECK(standing_staging<K3>(g) == 3 * std::max(chunk, slot_bytes));
   }
 }
 

@@ -8,6 +8,7 @@
 // or throws (R19).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -30,7 +31,8 @@ namespace kvfuse {
 /// Construction-time knobs of a Connector.
 struct ConnectorOptions {
   std::size_t lane_capacity = 256;  ///< queued tasks per lane before submit backs off
-  std::size_t staging_bytes = 0;    ///< per-lane staging; 0 = the largest chunk or state entry
+  std::size_t staging_bytes = 0;    ///< per-lane staging; 0 = the larger of a KV chunk and a state entry
+                                    ///< (StateLeg::entry_bytes), for the rank's geometry
 };
 
 /// Counters of one connector. Read from any thread (relaxed atomics): a snapshot, not a fence.
@@ -212,8 +214,8 @@ class Connector {
 
   static std::size_t staging_size(const RankGeometry& geometry, const ConnectorOptions& options) {
     if (options.staging_bytes != 0) return options.staging_bytes;
-    const std::size_t state_entry = has_state ? geometry.slot_bytes + 64 : 0;  // room for a sidecar
-    return std::max(geometry.chunk_bytes(), state_entry);
+    if constexpr (has_state) return std::max(geometry.chunk_bytes(), StateLeg::entry_bytes(geometry));
+    else return geometry.chunk_bytes();
   }
 
   static Streams make_streams(R& runtime) {

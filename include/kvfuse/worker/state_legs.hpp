@@ -5,6 +5,7 @@
 // slot outside the pool or a grid disagreement is refused the same way whatever the model.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -115,13 +116,16 @@ class RecurrentState {
   /// This rank has no state tier (R14). Any thread, before use.
   explicit RecurrentState(NoStateTier) noexcept : tier_(nullptr) {}
 
+  /// Bytes of one entry on a rank with `geometry`: the slot's bytes. Any thread.
+  static constexpr std::size_t entry_bytes(const RankGeometry& geometry) noexcept { return geometry.slot_bytes; }
+
   /// Restores the checkpoint into the slot. Noexcept, no allocation.
   template <Runtime R>
   StateVerdict load(const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) const noexcept {
     const detail::StateFetch fetched = detail::fetch_state(tier_, spec, kv, lane);
     if (fetched.verdict) return *fetched.verdict;
     const TierView& view = fetched.view;
-    if (view.bytes().size() != lane.geometry.slot_bytes) return {StateOutcome::refused, Reason::entry_size_mismatch};
+    if (view.bytes().size() != entry_bytes(lane.geometry)) return {StateOutcome::refused, Reason::entry_size_mismatch};
     if (!detail::scatter_into_slot(lane, spec.slot, view.bytes().data()))
       return {StateOutcome::failed, Reason::state_transfer_failed};
     return {StateOutcome::restored, Reason::none};
@@ -164,6 +168,12 @@ class SlotState {
   /// This rank has no state tier (R14). Any thread, before use.
   explicit SlotState(NoStateTier) noexcept : tier_(nullptr) {}
 
+  /// Bytes of one entry on a rank with `geometry`: the sidecar, then the slot's bytes.
+  /// Any thread.
+  static constexpr std::size_t entry_bytes(const RankGeometry& geometry) noexcept {
+    return sizeof(SlotSidecar) + geometry.slot_bytes;
+  }
+
   /// Validates the sidecar, then scatters the payload into the slot. Noexcept, no allocation.
   template <Runtime R>
   StateVerdict load(const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) const noexcept {
@@ -171,8 +181,7 @@ class SlotState {
     const detail::StateFetch fetched = detail::fetch_state(tier_, spec, kv, lane);
     if (fetched.verdict) return *fetched.verdict;
     const TierView& view = fetched.view;
-    const std::size_t expected = sizeof(SlotSidecar) + lane.geometry.slot_bytes;
-    if (view.bytes().size() != expected) return {StateOutcome::refused, Reason::entry_size_mismatch};
+    if (view.bytes().size() != entry_bytes(lane.geometry)) return {StateOutcome::refused, Reason::entry_size_mismatch};
     SlotSidecar sidecar;
     std::memcpy(&sidecar, view.bytes().data(), sizeof sidecar);
     if (sidecar.boundary_hash != spec.boundary_hash.value || sidecar.boundary_tokens != spec.boundary_tokens ||
