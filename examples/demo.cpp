@@ -169,7 +169,7 @@ int main() {
     for (std::size_t b = 0; b < nblocks; ++b) ids.push_back(BlockId{next_block++});
     const SlotId s = free_slots.back();
     for (auto& rank : ranks) rank->forward(p, ids, s);
-    const KvSave kv{StoreKey{p.keys.back(), save_generations.next()}, 0, p.keys, ids};
+    const KvSave kv{StoreKey{p.keys.back(), save_generations.next()}, p.keys, ids};
     const StateStore st{StoreKey{p.state_hash, save_generations.next()}, s, p.boundary};
     pump.expect_store(kv.key, SaveKind::kv);
     pump.expect_store(st.key, SaveKind::state);

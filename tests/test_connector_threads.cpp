@@ -229,10 +229,15 @@ struct RealRank {
   /// Saves the prompt's first chunk from blocks 0..3 through the connector.
   void save_chunk(PrefixHash key) {
     pools.write_prompt(block_range(0, 4), pools.geo.chunk_tokens);
-    conn.save_kv(KvSave{StoreKey{key, Generation{99}}, 0, {key}, block_range(0, 4)});
+    conn.save_kv(KvSave{StoreKey{key, Generation{99}}, {key}, block_range(0, 4)});
     REQUIRE(await_store().stored);
   }
 };
+
+// A KV save names its chunks by their keys alone: no position field that nothing reads.
+template <class Save>
+constexpr bool has_first_chunk = requires(const Save& s) { s.first_chunk; };
+static_assert(!has_first_chunk<KvSave>);
 
 StateSpec state_spec(PrefixHash hash, SlotId slot, TokenCount boundary = 48) {
   const RankGeometry g = small_geometry(0, 1);

@@ -90,7 +90,7 @@ void run_preset(const std::filesystem::path& dir = {}) {
 
   // The forward wrote KV (and state) on every rank; the engine saves it.
   GenerationSource save_generations(Generation{1000});
-  const KvSave kv_save{StoreKey{keys.back(), save_generations.next()}, 0, keys, saved_blocks};
+  const KvSave kv_save{StoreKey{keys.back(), save_generations.next()}, keys, saved_blocks};
   engine.pump.expect_store(kv_save.key, SaveKind::kv);
   StateStore state_store{StoreKey{state_hash, save_generations.next()}, SlotId{0}, boundary};
   if constexpr (Conn::has_state) engine.pump.expect_store(state_store.key);
@@ -260,7 +260,7 @@ TEST_CASE("R18 after a restart the index is re-seeded from the tiers and KV and 
     Engine engine(4);
     std::vector<std::unique_ptr<Rank<Conn>>> ranks;
     for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, engine.group, dir));
-    const KvSave kv_save{StoreKey{keys.back(), Generation{1}}, 0, keys, saved_blocks};
+    const KvSave kv_save{StoreKey{keys.back(), Generation{1}}, keys, saved_blocks};
     const StateStore st{StoreKey{state_hash, Generation{2}}, SlotId{0}, boundary};
     engine.pump.expect_store(kv_save.key, SaveKind::kv);
     engine.pump.expect_store(st.key);

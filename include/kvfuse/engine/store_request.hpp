@@ -15,12 +15,12 @@ enum class SaveKind : std::uint8_t {
   kv = 1,     ///< KV chunks: tracked and counted, never put in the state-hash set
 };
 
-/// Save whole chunks of a request's prefix. Chunk i of `chunk_keys` is prompt chunk
-/// `first_chunk + i`; `blocks` hold those chunks' tokens in order, chunk_tokens /
+/// Save whole chunks of a request's prefix. `chunk_keys` are the prefix hashes of the
+/// chunks to save, in prompt order (the tier keys a chunk by that hash alone, so no
+/// position travels); `blocks` hold those chunks' tokens in order, chunk_tokens /
 /// block_tokens blocks per chunk. `key.hash` names the save (usually the last chunk's key).
 struct KvSave {
   StoreKey key;
-  std::uint64_t first_chunk = 0;
   std::vector<PrefixHash> chunk_keys;
   std::vector<BlockId> blocks;
   friend bool operator==(const KvSave&, const KvSave&) = default;
