@@ -294,6 +294,7 @@ struct SerialRecurrentState {
   SaveVerdict store(const StateStore& store, LaneContext<R>& lane) const noexcept {
     return inner.store(store, lane);
   }
+  static constexpr std::size_t entry_bytes(const RankGeometry& g) noexcept { return RecurrentState<T>::entry_bytes(g); }
 };
 
 using JointTier = DelayTier<MemoryTier<>>;
@@ -334,9 +335,9 @@ struct JointRig {
         slots(rt, geo.slot_bytes, true),
         tier(delay, 4 * leg_bytes),
         k3(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(tier),
-           RecurrentState<JointTier>(&tier), k3_group),
+           RecurrentState<JointTier>(tier), k3_group),
         serial(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(tier),
-               SerialRecurrentState<JointTier>{RecurrentState<JointTier>(&tier)}, serial_group) {
+               SerialRecurrentState<JointTier>{RecurrentState<JointTier>(tier)}, serial_group) {
     const PrefixHash chunk{0x1001}, checkpoint{0x2002};
     (void)tier.put(tier_key(geo, chunk, EntryKind::kv_chunk), pattern(geo.chunk_bytes(), 1));
     (void)tier.put(tier_key(geo, checkpoint, EntryKind::state), pattern(geo.slot_bytes, 2));

@@ -80,7 +80,7 @@ struct Rank {
         slots(static_cast<std::byte*>(runtime.allocate_device(geo.num_slots * geo.slot_bytes))),
         kv_tier(std::size_t{256} << 20, runtime),
         state_tier(dir / ("rank" + std::to_string(r))),
-        conn(geo, runtime, DeviceMemory{blocks, slots}, PagedKv<KvTier>(kv_tier), RecurrentState<DiskTier>(&state_tier),
+        conn(geo, runtime, DeviceMemory{blocks, slots}, PagedKv<KvTier>(kv_tier), RecurrentState<DiskTier>(state_tier),
              group) {}
   ~Rank() {
     conn.drain();

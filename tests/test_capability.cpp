@@ -50,7 +50,7 @@ std::string error_of(F&& f, ErrorCode code) {
 
 // ------------------------------------------------------------------------------ R14
 
-TEST_CASE("R14 the capability is decided from config alone, one answer per config") {
+TEST_CASE("R14 the capability is decided from config alone with one answer per config") {
   struct Case {
     const char* what;
     ConnectorConfig cfg;
@@ -68,8 +68,8 @@ TEST_CASE("R14 the capability is decided from config alone, one answer per confi
        "layout=none"},
       {"a P/D connector hosts no tier", single("mooncake", KvRole::both, StateLayout::k3_recurrent), false, false,
        false, false, "'mooncake' hosts no offload connector"},
-      {"pp > 1 turns the state tier off", single("offload", KvRole::both, StateLayout::k3_recurrent, 2), false, false,
-       true, true, "pipeline_parallel_size=2"},
+      {"pp > 1 without a state tier: KV only", single("offload", KvRole::both, StateLayout::none, 4), false, false,
+       true, true, "layout=none"},
       {"multi [mooncake producer, offload]: the offload sub inherits the multi's role",
        multi("multi", {{"mooncake", KvRole::producer}, {"LMCacheConnectorV1", std::nullopt}}, StateLayout::k3_recurrent),
        true, true, true, true, ""},
@@ -93,26 +93,37 @@ TEST_CASE("R14 the capability is decided from config alone, one answer per confi
   }
 }
 
-TEST_CASE("R14 pipeline parallelism > 1 with a state tier is refused at engine construction, naming the value") {
-  const std::string msg = error_of([] { check_engine_config(single("offload", KvRole::both, StateLayout::k3_recurrent, 2)); },
-                                   ErrorCode::unsupported_parallelism);
-  CHECK(contains(msg, "pipeline_parallel_size=2"));
-  CHECK(contains(msg, "k3_recurrent"));
-  // Through a multi, in an alias spelling, and for a one-sided role too.
-  const std::string msg4 = error_of(
-      [] {
-        check_engine_config(multi(" Multi-Connector ", {{"mooncake", KvRole::producer}, {"lmcache_mp", KvRole::consumer}},
-                                  StateLayout::dsv4_slot, KvRole::both, 4));
-      },
-      ErrorCode::unsupported_parallelism);
-  CHECK(contains(msg4, "pipeline_parallel_size=4"));
-  // A config that would not host a state tier anyway starts under any pp.
-  CHECK_NOTHROW(check_engine_config(single("offload", KvRole::both, StateLayout::none, 8)));
-  CHECK_NOTHROW(check_engine_config(single("nixl", KvRole::both, StateLayout::k3_recurrent, 8)));
-  CHECK_NOTHROW(check_engine_config(single("offload", KvRole::both, StateLayout::k3_recurrent, 1)));
+TEST_CASE("R14 pipeline parallelism > 1 with a state tier is refused at engine construction naming the values") {
+  // Both entry points refuse it: the capability is never a quiet "no state tier" for it.
+  for (const bool capability : {true, false}) {
+    CAPTURE(capability);
+    auto decide = [&](const ConnectorConfig& cfg) {
+      if (capability) (void)state_tier_capability(cfg);
+      else check_engine_config(cfg);
+    };
+    const std::string msg = error_of([&] { decide(single("offload", KvRole::both, StateLayout::k3_recurrent, 2)); },
+                                     ErrorCode::unsupported_parallelism);
+    CHECK(contains(msg, "pipeline_parallel_size=2"));
+    CHECK(contains(msg, "k3_recurrent"));
+    // Through a multi, in an alias spelling, and for a one-sided role too.
+    const std::string msg4 = error_of(
+        [&] {
+          decide(multi(" Multi-Connector ", {{"mooncake", KvRole::producer}, {"lmcache_mp", KvRole::consumer}},
+                       StateLayout::dsv4_slot, KvRole::both, 4));
+        },
+        ErrorCode::unsupported_parallelism);
+    CHECK(contains(msg4, "pipeline_parallel_size=4"));
+    CHECK(contains(msg4, "dsv4_slot"));
+    error_of([&] { decide(single("offload", KvRole::producer, StateLayout::dsv4_slot, 2)); },
+             ErrorCode::unsupported_parallelism);
+    // A config that would not host a state tier anyway starts under any pp.
+    CHECK_NOTHROW(decide(single("offload", KvRole::both, StateLayout::none, 8)));
+    CHECK_NOTHROW(decide(single("nixl", KvRole::both, StateLayout::k3_recurrent, 8)));
+    CHECK_NOTHROW(decide(single("offload", KvRole::both, StateLayout::k3_recurrent, 1)));
+  }
 }
 
-TEST_CASE("R14 the index follows the capability: no loads for a producer, no state legs without a state tier") {
+TEST_CASE("R14 the index follows the capability: no loads for a producer and no state legs without a state tier") {
   auto admit = [](const Capability& cap, bool with_state) {
     OffloadIndex<> index(index_options_for(cap, 4), [](SlotId) {});
     index.note_stored(PrefixHash{1});
@@ -128,13 +139,14 @@ TEST_CASE("R14 the index follows the capability: no loads for a producer, no sta
   const Capability dense = state_tier_capability(single("offload", KvRole::both, StateLayout::none));
   CHECK(admit(dense, false) == LoadRefusal::none);
   CHECK(admit(dense, true) == LoadRefusal::no_state_tier);
-  const Capability pp2 = state_tier_capability(single("offload", KvRole::both, StateLayout::k3_recurrent, 2));
-  CHECK(admit(pp2, true) == LoadRefusal::no_state_tier);
+  const Capability dense_pp4 = state_tier_capability(single("offload", KvRole::both, StateLayout::none, 4));
+  CHECK(admit(dense_pp4, false) == LoadRefusal::none);
+  CHECK(admit(dense_pp4, true) == LoadRefusal::no_state_tier);
 }
 
 // ------------------------------------------------------------------------------ R15
 
-TEST_CASE("R15 connector names resolve by trimming, case folding and aliases") {
+TEST_CASE("R15 connector names resolve by trimming and case folding and aliases") {
   CHECK(canonical_connector_name("offload") == "offload");
   CHECK(canonical_connector_name("  LMCacheConnectorV1 \t") == "offload");
   CHECK(canonical_connector_name("LMCACHE_MP") == "offload");
@@ -157,7 +169,6 @@ TEST_CASE("R15 connector names resolve by trimming, case folding and aliases") {
   static_assert(is_offload_connector(" LMCacheConnectorV1"));
   static_assert(is_offload_connector("lmcache_mp"));
   static_assert(!is_offload_connector("mooncake"));
-  static_assert(!is_offload_connector("no-such-connector"));
   static_assert(is_multi_connector("MULTICONNECTOR"));
   static_assert(canonical_connector_name("Kvfuse") == "offload");
   constexpr std::array<std::string_view, 3> composition{"lmcache_offload", "mooncake", "LMCacheConnectorV1"};
@@ -173,6 +184,16 @@ TEST_CASE("R15 an unknown connector name is an error that lists the known names"
     CHECK(contains(msg, quoted));
     for (const ConnectorInfo& c : known_connectors) CHECK(contains(msg, c.canonical));
   }
+  // Nor do the predicates: an unknown name is an error, never a quiet "not offload".
+  for (std::string_view bad : {"no-such-connector", "LMCacheConnectorV2"}) {
+    CAPTURE(bad);
+    const std::string offload = error_of([&] { (void)is_offload_connector(bad); }, ErrorCode::unknown_connector);
+    CHECK(contains(offload, bad));
+    for (const ConnectorInfo& c : known_connectors) CHECK(contains(offload, c.canonical));
+    error_of([&] { (void)is_multi_connector(bad); }, ErrorCode::unknown_connector);
+    const std::array<std::string_view, 2> composition{"mooncake", bad};
+    error_of([&] { (void)count_offload_connectors(composition); }, ErrorCode::unknown_connector);
+  }
   // The capability never reads an unknown name as "no connector".
   error_of([] { (void)state_tier_capability(single("LMCacheConnectorV2", KvRole::both, StateLayout::k3_recurrent)); },
            ErrorCode::unknown_connector);
@@ -181,7 +202,7 @@ TEST_CASE("R15 an unknown connector name is an error that lists the known names"
            ErrorCode::unknown_connector);
 }
 
-TEST_CASE("R15 two offload sub-connectors in one multi are refused at startup, in any spelling") {
+TEST_CASE("R15 two offload sub-connectors in one multi are refused at startup in any spelling") {
   const std::vector<std::vector<std::string>> doubles = {
       {"lmcache_offload", "lmcache_offload"},
       {"lmcache_offload", "LMCacheConnectorV1"},

@@ -90,7 +90,7 @@ TEST_CASE("R1 an exception thrown mid-leg still emits exactly one failed record"
   CHECK_FALSE(record_ok(out.loads[0]));
 }
 
-TEST_CASE("R1 an early return emits exactly one record, the unrun leg failed") {
+TEST_CASE("R1 an early return emits exactly one record with the unrun leg failed") {
   RecordingEmitter out;
   load_task(joint_request(), out, Path::early_return);
   REQUIRE(out.loads.size() == 1);
@@ -177,7 +177,7 @@ TEST_CASE("R2 a record keeps both legs' reasons when both fail") {
   CHECK(out.loads[0].state_reason == Reason::entry_size_mismatch);
 }
 
-TEST_CASE("R1 a load with neither leg emits one record, invalid_spec on both") {
+TEST_CASE("R1 a load with neither leg emits one record with invalid_spec on both legs") {
   RecordingEmitter out;
   { CompletionGuard guard(LoadRequest{}, 4, out); }
   REQUIRE(out.loads.size() == 1);
@@ -248,7 +248,7 @@ SaveRecord released(std::uint32_t rank, bool ok = true) {
 }
 }  // namespace
 
-TEST_CASE("R1 a save that reported nothing emits two records: source unconfirmed (pinned), not stored") {
+TEST_CASE("R1 a save that reported nothing emits two records: source unconfirmed (pinned) and not stored") {
   RecordingEmitter out;
   { SaveGuard guard(skey, 2, out); }
   REQUIRE(out.stores.size() == 2);
@@ -257,7 +257,7 @@ TEST_CASE("R1 a save that reported nothing emits two records: source unconfirmed
   CHECK(out.loads.empty());
 }
 
-TEST_CASE("R1 a successful save emits released at once, and stored when the scope ends") {
+TEST_CASE("R1 a successful save emits released at once and stored when the scope ends") {
   RecordingEmitter out;
   {
     SaveGuard guard(skey, 2, out);

@@ -44,6 +44,7 @@ struct ScriptedState {
   SaveVerdict store(const StateStore&, LaneContext<R>&) {
     return {true, Reason::none};
   }
+  static constexpr std::size_t entry_bytes(const RankGeometry& g) noexcept { return g.slot_bytes; }
 };
 
 using ScriptedConnector = Connector<ScriptedKv, ScriptedState, SingleRank>;
@@ -161,7 +162,7 @@ TEST_CASE("R9 a state-only load completes while the load lane is busy with anoth
   CHECK(rank.log.loads[1].kv == KvOutcome::ok);
 }
 
-TEST_CASE("R1 every accepted load reports once, even when the connector is destroyed with loads queued") {
+TEST_CASE("R1 every accepted load reports once even when the connector is destroyed with loads queued") {
   std::atomic<int> kv_calls{0};
   HostRuntime rt;
   SingleRank group;
@@ -204,7 +205,7 @@ struct RealRank {
   Conn conn{make()};
   Conn make() {
     if constexpr (Conn::has_state)
-      return Conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), typename Conn::state_leg_type(&tier), group);
+      return Conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), typename Conn::state_leg_type(tier), group);
     else
       return Conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group);
   }
@@ -242,6 +243,11 @@ struct RealRank {
   }
 };
 
+// A KV save names its chunks by their keys alone: no position field that nothing reads.
+template <class Save>
+constexpr bool has_first_chunk = requires(const Save& s) { s.first_chunk; };
+static_assert(!has_first_chunk<KvSave>);
+
 StateSpec state_spec(PrefixHash hash, SlotId slot, TokenCount boundary = 48) {
   const RankGeometry g = small_geometry(0, 1);
   return StateSpec{boundary, hash, slot, g.block_tokens, g.chunk_tokens};
@@ -249,7 +255,7 @@ StateSpec state_spec(PrefixHash hash, SlotId slot, TokenCount boundary = 48) {
 
 }  // namespace
 
-TEST_CASE("R10 a state-only load ships no KV spec, moves no KV and marks no KV block") {
+TEST_CASE("R10 a state-only load ships no KV spec and moves no KV and marks no KV block") {
   std::atomic<int> kv_calls{0};
   HostRuntime rt;
   SingleRank group;
@@ -289,7 +295,7 @@ TEST_CASE("R10 a state-only load with the shipped legs touches only its slot") {
     REQUIRE(rank.pools.blocks[i] == std::byte{0});
 }
 
-TEST_CASE("R11 specs the rank disagrees with are refused with a reason, never clamped") {
+TEST_CASE("R11 specs the rank disagrees with are refused with a reason and never clamped") {
   RealRank<K3> rank;
   const RankGeometry& g = rank.pools.geo;
   rank.put_state(PrefixHash{5}, g.slot_bytes);
@@ -363,7 +369,7 @@ TEST_CASE("R11 a stateful DSV4 load with a nonzero HBM floor is refused") {
   CHECK(rank.pools.slot_is_zero(SlotId{1}));
 }
 
-TEST_CASE("R12 standing staging bytes are lanes x buffer size, allocated at construction") {
+TEST_CASE("R12 standing staging bytes are lanes x buffer size and allocated at construction") {
   SUBCASE("dense: a load lane and a store lane") {
     RealRank<Dense> rank;
     const ConnectorStats s = rank.conn.stats();
@@ -377,6 +383,67 @@ TEST_CASE("R12 standing staging bytes are lanes x buffer size, allocated at cons
     CHECK(s.lanes == 3);
     CHECK(s.standing_staging_bytes == 3 * rank.pools.geo.chunk_bytes());
     CHECK(rank.rt.pinned_bytes() == s.standing_staging_bytes);
+  }
+}
+
+namespace {
+/// A concurrent state leg that does not say how big its entries are: not a StateLegFor.
+struct SizelessState {
+  static constexpr StateOrdering ordering = StateOrdering::concurrent;
+  template <Runtime R>
+  StateVerdict load(const StateSpec&, const KvSpec*, LaneContext<R>&) { return {}; }
+  template <Runtime R>
+  SaveVerdict store(const StateStore&, LaneContext<R>&) { return {}; }
+};
+
+/// Builds a `Conn` rank on `g` and returns its standing staging bytes; a stateful one
+/// also stores the checkpoint in slot 0 and restores it into slot 1 through that staging.
+template <class Conn>
+std::size_t standing_staging(const RankGeometry& g) {
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, g);
+  Mem tier(1 << 20);
+  auto state_leg = [&] {
+    if constexpr (Conn::has_state) return typename Conn::state_leg_type(tier);
+    else return NoState{};
+  };
+  Conn conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), state_leg(), group);
+  const ConnectorStats stats = conn.stats();
+  CHECK(stats.lanes == Conn::lane_count);
+  CHECK(rt.pinned_bytes() == stats.standing_staging_bytes);
+  if constexpr (Conn::has_state) {
+    pools.write_state(SlotId{0}, PrefixHash{5});
+    conn.store_state(StateStore{StoreKey{PrefixHash{5}, Generation{1}}, SlotId{0}, 48});
+    RecordLog log;
+    REQUIRE(drain_until(group, log, [&] { return log.stores.size() == 2; }));
+    CHECK(log.stores[1].phase == SavePhase::stored);
+    CHECK(log.stores[1].ok);
+    LoadRequest r;
+    r.key = LoadKey{RequestId{1}, Generation{2}};
+    r.state = state_spec(PrefixHash{5}, SlotId{1});
+    conn.load(std::move(r));
+    REQUIRE(drain_until(group, log, [&] { return log.loads.size() == 1; }));
+    CHECK(log.loads[0].state == StateOutcome::restored);
+    CHECK(pools.holds_state(SlotId{1}, PrefixHash{5}));
+  }
+  return stats.standing_staging_bytes;
+}
+}  // namespace
+
+TEST_CASE("R12 staging per lane is the larger of a KV chunk and the preset's state entry") {
+  static_assert(!StateLegFor<SizelessState, HostRuntime>);
+  static_assert(sizeof(SlotSidecar) == 24);
+  for (const std::size_t slot_bytes : {std::size_t{512}, std::size_t{4096}}) {  // below and above a chunk
+    CAPTURE(slot_bytes);
+    RankGeometry g = small_geometry(0, 1);
+    g.slot_bytes = slot_bytes;
+    const std::size_t chunk = g.chunk_bytes();  // 2048
+    CHECK(RecurrentState<Mem>::entry_bytes(g) == slot_bytes);
+    CHECK(SlotState<Mem>::entry_bytes(g) == 24 + slot_bytes);
+    CHECK(standing_staging<Dense>(g) == 2 * chunk);
+    CHECK(standing_staging<Dsv4>(g) == 2 * std::max(chunk, 24 + slot_bytes));
+    CHECK(standing_staging<K3>(g) == 3 * std::max(chunk, slot_bytes));
   }
 }
 
@@ -406,7 +473,7 @@ TEST_CASE("R12 nothing is allocated on the load path") {
   CHECK(rank.pools.holds_prompt(block_range(8, 4), 0, rank.pools.geo.chunk_tokens));
 }
 
-TEST_CASE("R13 a step whose event cannot be created still saves, through a device synchronize") {
+TEST_CASE("R13 a step whose event cannot be created still saves through a device synchronize") {
   RealRank<KimiK3Connector<Mem, SingleRank, FaultyRuntime<HostRuntime>>> rank;
   rank.rt.fail(RuntimeCall::create_event);
   auto compute = rank.rt.make_stream();
@@ -439,12 +506,15 @@ TEST_CASE("R13 when nothing can order the gather the save fails and never reads 
   CHECK(rank.rt.calls(RuntimeCall::copy_async) == copies_before);
 }
 
-TEST_CASE("R14 a rank without a state tier reports stored false, source released, and never a miss") {
+namespace {
+/// A rank of `Conn` built on `no_state_tier`: one state store and one state-only load.
+template <class Conn>
+void without_a_state_tier() {
   HostRuntime rt;
   SingleRank group;
   DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
   Mem kv_tier(1 << 20);
-  K3 conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(kv_tier), RecurrentState<Mem>(nullptr), group);
+  Conn conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(kv_tier), typename Conn::state_leg_type(no_state_tier), group);
   conn.store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
   LoadRequest r;
   r.key = LoadKey{RequestId{1}, Generation{2}};
@@ -456,6 +526,21 @@ TEST_CASE("R14 a rank without a state tier reports stored false, source released
   CHECK(log.stores[1] == SaveRecord{StoreKey{PrefixHash{9}, Generation{1}}, 0, SavePhase::stored, false, Reason::no_tier});
   CHECK(log.loads[0].state == StateOutcome::failed);  // failed never retracts; missed would
   CHECK(log.loads[0].state_reason == Reason::no_tier);
+}
+}  // namespace
+
+TEST_CASE("R14 a rank without a state tier reports stored false with source released and never a miss") {
+  // "No tier" is written at the call site: a tier pointer, null or not, builds no leg.
+  static_assert(std::is_constructible_v<RecurrentState<Mem>, Mem&>);
+  static_assert(std::is_constructible_v<RecurrentState<Mem>, NoStateTier>);
+  static_assert(!std::is_constructible_v<RecurrentState<Mem>, Mem*>);
+  static_assert(!std::is_constructible_v<RecurrentState<Mem>, std::nullptr_t>);
+  static_assert(std::is_constructible_v<SlotState<Mem>, Mem&>);
+  static_assert(std::is_constructible_v<SlotState<Mem>, NoStateTier>);
+  static_assert(!std::is_constructible_v<SlotState<Mem>, Mem*>);
+  static_assert(!std::is_constructible_v<SlotState<Mem>, std::nullptr_t>);
+  SUBCASE("Kimi-K3") { without_a_state_tier<K3>(); }
+  SUBCASE("DSV4") { without_a_state_tier<Dsv4>(); }
 }
 
 TEST_CASE("R19 a bad geometry is a typed error naming the value") {
@@ -474,7 +559,46 @@ TEST_CASE("R19 a bad geometry is a typed error naming the value") {
   }
 }
 
-TEST_CASE("PagedKv retrieve reports a per-chunk mask; the KV leg is ok only if every chunk arrived") {
+TEST_CASE("R19 a rank cut for another world size does not join the group") {
+  HostRuntime rt;
+  Mem tier(1 << 20);
+  // Runs `make`, which must throw kvfuse::Error(invalid_argument); returns the message.
+  auto refusal = [](auto make) -> std::string {
+    try {
+      make();
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      return e.what();
+    }
+    FAIL("a rank of another world joined the group");
+    return {};
+  };
+  SUBCASE("rank 0 of 8 into a 4-rank TpQuorum") {
+    TpQuorum quorum{TpQuorumConfig{4, 3, 64}};
+    DevicePools<HostRuntime> of8(rt, small_geometry(0, 8));
+    const std::string msg = refusal([&] {
+      DenseConnector<Mem, TpQuorum> conn(of8.geo, rt, of8.memory(), PagedKv<Mem>(tier), NoState{}, quorum);
+    });
+    CHECK(msg.find("world_size (8)") != std::string::npos);
+    CHECK(msg.find("world_size (4)") != std::string::npos);
+    // Nothing was claimed: rank 0 cut for 4 still joins.
+    DevicePools<HostRuntime> of4(rt, small_geometry(0, 4));
+    CHECK_NOTHROW(DenseConnector<Mem, TpQuorum>(of4.geo, rt, of4.memory(), PagedKv<Mem>(tier), NoState{}, quorum));
+  }
+  SUBCASE("rank 0 of 4 into a SingleRank group") {
+    SingleRank single;
+    DevicePools<HostRuntime> of4(rt, small_geometry(0, 4));
+    const std::string msg = refusal([&] {
+      K3 conn(of4.geo, rt, of4.memory(), PagedKv<Mem>(tier), RecurrentState<Mem>(tier), single);
+    });
+    CHECK(msg.find("world_size (4)") != std::string::npos);
+    CHECK(msg.find("world_size (1)") != std::string::npos);
+    DevicePools<HostRuntime> of1(rt, small_geometry(0, 1));
+    CHECK_NOTHROW(K3(of1.geo, rt, of1.memory(), PagedKv<Mem>(tier), RecurrentState<Mem>(tier), single));
+  }
+}
+
+TEST_CASE("PagedKv retrieve reports a per-chunk mask - the KV leg is ok only if every chunk arrived") {
   HostRuntime rt;
   const RankGeometry geo = small_geometry(0, 1);
   DevicePools<HostRuntime> pools(rt, geo);
@@ -546,7 +670,7 @@ TEST_CASE("PagedKv synchronizes once for memory-tier hits and before each reuse 
     check_blocks();
     CHECK(tier.stats().retired_bytes == 0);  // every held view was released
   }
-  SUBCASE("disk tier: staging is reused, so each chunk is synchronized before the next read") {
+  SUBCASE("disk tier: staging is reused so each chunk is synchronized before the next read") {
     const auto dir = std::filesystem::temp_directory_path() / ("kvfuse-paged-" + std::to_string(::getpid()));
     std::filesystem::remove_all(dir);
     {

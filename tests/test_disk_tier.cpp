@@ -74,7 +74,7 @@ bool has_temp_files(const fs::path& dir) {
 static_assert(Tier<DiskTier>);
 static_assert(Tier<DelayTier<DiskTier>>);
 
-TEST_CASE("checksum: xxh64 matches the reference vectors, whatever the split of the input") {
+TEST_CASE("checksum: xxh64 matches the reference vectors whatever the split of the input") {
   const auto hash_of = [](std::string_view s, std::uint64_t seed = 0) {
     return detail::xxh64(std::as_bytes(std::span(s.data(), s.size())), seed);
   };
@@ -111,7 +111,7 @@ TEST_CASE("disk tier: file names spell the whole key and only canonical names pa
   CHECK(DiskTier::file_name(key_of(1, 0, static_cast<EntryKind>(9))).empty());
 }
 
-TEST_CASE("disk tier: what put stored, get returns byte for byte, read into the staging buffer") {
+TEST_CASE("disk tier: get returns byte for byte what put stored (read into the staging buffer)") {
   TempDir dir;
   DiskTier tier(dir.path / "tier");  // created on demand
   const auto a = pattern(1, 5000);
@@ -144,7 +144,7 @@ TEST_CASE("disk tier: what put stored, get returns byte for byte, read into the 
   CHECK(fs::file_size(tier.path_of(key_of(1))) == detail::disk::header_bytes + a.size());
 }
 
-TEST_CASE("disk tier: puts leave no temporary files; overwrite replaces, erase deletes") {
+TEST_CASE("disk tier: puts leave no temporary files - overwrite replaces and erase deletes") {
   TempDir dir;
   DiskTier tier(dir.path);
   for (std::uint64_t h = 0; h < 8; ++h) REQUIRE(tier.put(key_of(h), pattern(h, 100 + h)));
@@ -239,7 +239,7 @@ TEST_CASE("R18 disk tier: entries written before a restart are read back byte fo
   CHECK(reopened.keys(EntryKind::kv_chunk).size() == written.size() - want.size());
 }
 
-TEST_CASE("R18 disk tier: corrupt, truncated, garbage and misnamed files are quarantined on open, never served") {
+TEST_CASE("R18 disk tier: corrupt / truncated / garbage / misnamed files are quarantined on open and never served") {
   TempDir dir;
   std::vector<std::vector<std::byte>> payload;
   for (std::uint64_t h = 0; h < 10; ++h) payload.push_back(pattern(200 + h, 512 + 16 * h));
@@ -314,7 +314,7 @@ TEST_CASE("R18 disk tier: corrupt, truncated, garbage and misnamed files are qua
   CHECK(reopened->stats().entries == 2);
 }
 
-TEST_CASE("R18 disk tier: a file corrupted or swapped behind an open tier fails its get, is quarantined, then misses") {
+TEST_CASE("R18 disk tier: a file corrupted or swapped behind an open tier fails its get and is quarantined and then misses") {
   TempDir dir;
   DiskTier tier(dir.path);
   const auto a = pattern(301, 2048);
@@ -346,7 +346,7 @@ TEST_CASE("R18 disk tier: a file corrupted or swapped behind an open tier fails 
   CHECK(files_in(dir.path / "quarantine") == 2);
 }
 
-TEST_CASE("disk tier: with payload checks off at open, a corrupt payload is caught by the read") {
+TEST_CASE("disk tier: with payload checks off at open a corrupt payload is caught by the read") {
   TempDir dir;
   const auto a = pattern(401, 1000);
   fs::path p;
@@ -378,7 +378,7 @@ TEST_CASE("disk tier: durable puts fsync and read back the same") {
   CHECK(tier.stats().io_errors == 0);
 }
 
-TEST_CASE("disk tier: a key kind without a file name is a failed put, not a crash") {
+TEST_CASE("disk tier: a key kind without a file name is a failed put and not a crash") {
   TempDir dir;
   DiskTier tier(dir.path);
   CHECK_FALSE(tier.put(key_of(1, 0, static_cast<EntryKind>(9)), pattern(1, 10)));

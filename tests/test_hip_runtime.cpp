@@ -25,7 +25,7 @@ int hip_devices() {
 }
 }  // namespace
 
-TEST_CASE("hip runtime: without a device, construction throws no_device saying no HIP device was found") {
+TEST_CASE("hip runtime: without a device construction throws no_device saying no HIP device was found") {
   if (hip_devices() > 0) return;  // covered by the round trip below
   try {
     HipRuntime rt;

@@ -82,7 +82,7 @@ TEST_CASE("host runtime: bad options throw invalid_argument naming the value") {
   }
 }
 
-TEST_CASE("host runtime: allocations are aligned, counted and freed") {
+TEST_CASE("host runtime: allocations are aligned and counted and freed") {
   HostRuntime rt(HostRuntimeOptions{.alignment = 4096});
   void* a = rt.allocate_pinned(10000);
   void* b = rt.allocate_device(123);
@@ -187,7 +187,7 @@ TEST_CASE("host runtime: a stream waiting on an event runs later work only after
   CHECK(std::all_of(dst.begin(), dst.end(), [](std::byte x) { return x == std::byte{0x5a}; }));
 }
 
-TEST_CASE("R12 copies, records, waits and synchronizes never allocate (the load path's device calls)") {
+TEST_CASE("R12 copies / records / waits / synchronizes never allocate (the load path's device calls)") {
   REQUIRE(detail::AllocationScope::hook_installed());
   HostRuntime rt(HostRuntimeOptions{.stream_ring_ops = 16});
   auto a = rt.make_stream();
@@ -215,7 +215,7 @@ TEST_CASE("R12 copies, records, waits and synchronizes never allocate (the load 
   CHECK(dst == src);
 }
 
-TEST_CASE("host runtime: events that were never recorded, empty events and empty streams") {
+TEST_CASE("host runtime: events that were never recorded plus empty events and empty streams") {
   HostRuntime rt;
   auto stream = rt.make_stream();
   HostRuntime::Event never;
@@ -239,7 +239,7 @@ TEST_CASE("host runtime: events that were never recorded, empty events and empty
   CHECK(rt.synchronize(stream));
 }
 
-TEST_CASE("R13 host waits block: synchronize(event), synchronize(stream) and device_synchronize sleep, never spin") {
+TEST_CASE("R13 host waits block: synchronize(event) / synchronize(stream) / device_synchronize sleep and never spin") {
   HostRuntime rt;
   auto stream = rt.make_stream();
   HostRuntime::Event done;
@@ -302,7 +302,7 @@ TEST_CASE("host runtime: device_synchronize waits for every stream") {
   CHECK(b2 == a);
 }
 
-TEST_CASE("host runtime: a full ring makes the caller back off, and nothing is dropped") {
+TEST_CASE("host runtime: a full ring makes the caller back off and nothing is dropped") {
   HostRuntime rt(HostRuntimeOptions{.stream_ring_ops = 4});
   auto stream = rt.make_stream();
   Gate gate;
@@ -330,7 +330,7 @@ TEST_CASE("host runtime: a full ring makes the caller back off, and nothing is d
   for (int i = 0; i < copies; ++i) CHECK(dst[i] == src[i]);
 }
 
-TEST_CASE("host runtime: destroying a stream finishes its work; destroying an event with queued records is safe") {
+TEST_CASE("host runtime: destroying a stream finishes its work - destroying an event with queued records is safe") {
   HostRuntime rt;
   std::vector<std::byte> a = pattern(100000, 9), b(100000);
   {
@@ -376,7 +376,7 @@ TEST_CASE("host runtime: an inline stream runs work on the caller and waits bloc
   CHECK(std::all_of(dst.begin(), dst.end(), [](std::byte x) { return x == std::byte{0x77}; }));
 }
 
-TEST_CASE("faulty runtime: armed calls fail, counted; heal restores; construction-time calls throw") {
+TEST_CASE("faulty runtime: armed calls fail (counted) - heal restores - construction-time calls throw") {
   FaultyRuntime<> rt;
   auto stream = rt.make_stream();
   HostRuntime::Event e;

@@ -7,7 +7,7 @@
 
 using namespace kvfuse;
 
-TEST_CASE("ids: generations are unique, nonzero and resume after a checkpoint") {
+TEST_CASE("ids: generations are unique and nonzero and resume after a checkpoint") {
   GenerationSource source;
   std::unordered_set<Generation> seen;
   for (int i = 0; i < 1000; ++i) CHECK(seen.insert(source.next()).second);
@@ -25,7 +25,7 @@ TEST_CASE("ids: load keys compare and hash by both fields") {
   CHECK(keys.size() == 2);
 }
 
-TEST_CASE("ids: the chunk grid floors, ceils and checks alignment") {
+TEST_CASE("ids: the chunk grid floors / ceils / checks alignment") {
   const ChunkGrid grid = ChunkGrid::make(256);
   CHECK(grid.floor(0) == 0);
   CHECK(grid.floor(255) == 0);

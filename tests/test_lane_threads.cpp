@@ -64,7 +64,7 @@ TEST_CASE("lane: tasks run in submission order on the lane's one thread") {
   CHECK(lane.completed() == tasks);
 }
 
-TEST_CASE("lane: a full ring makes submit back off; nothing is dropped and order holds") {
+TEST_CASE("lane: a full ring makes submit back off - nothing is dropped and order holds") {
   Lane lane("kvfuse-state", 4);
   Gate gate;
   lane.submit([&gate]() noexcept { (void)gate.pass(); });
@@ -120,7 +120,7 @@ TEST_CASE("R12 a lane submit never allocates: tasks live inline in the ring") {
   CHECK(sum.load() == 5000u * 23u);
 }
 
-TEST_CASE("lane: the destructor runs every queued task, including ones queued by tasks") {
+TEST_CASE("lane: the destructor runs every queued task including ones queued by tasks") {
   std::atomic<int> ran{0};
   {
     Lane lane("kvfuse-store", 8);
@@ -165,7 +165,7 @@ TEST_CASE("lane: wait_idle from the lane's own thread returns instead of waiting
   CHECK(returned.load());
 }
 
-TEST_CASE("leg latch: a load task joins its state leg; the leg's writes are visible after the wait") {
+TEST_CASE("leg latch: a load task joins its state leg - the leg's writes are visible after the wait") {
   Lane load("kvfuse-load", 8);
   Lane state("kvfuse-state", 8);
   constexpr int loads = 500;
@@ -186,7 +186,7 @@ TEST_CASE("leg latch: a load task joins its state leg; the leg's writes are visi
   CHECK(ok.load() == loads);
 }
 
-TEST_CASE("leg latch: the arrival token arrives on every path, an exception included") {
+TEST_CASE("leg latch: the arrival token arrives on every path (an exception included)") {
   Lane state("kvfuse-state", 4);
   LegLatch join;
   state.submit([done = join.arrival()]() mutable {

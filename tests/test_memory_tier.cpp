@@ -55,7 +55,7 @@ static_assert(PinnedMemorySource<CountingSource>);
 static_assert(!PinnedMemorySource<NotASource>);
 static_assert(!PinnedMemorySource<int>);
 
-TEST_CASE("memory tier: what put stored, get returns byte for byte; an absent key misses") {
+TEST_CASE("memory tier: get returns byte for byte what put stored - an absent key misses") {
   MemoryTier<> tier(1 << 20);
   const auto a = pattern(1, 4096);
   const auto b = pattern(2, 10000);
@@ -94,7 +94,7 @@ TEST_CASE("memory tier: what put stored, get returns byte for byte; an absent ke
   CHECK(s.retired_bytes == 0);
 }
 
-TEST_CASE("memory tier: rank, model, world size and kind are all part of the key") {
+TEST_CASE("memory tier: rank / model / world size / kind are all part of the key") {
   MemoryTier<> tier(1 << 20);
   const auto mine = pattern(10, 256);
   REQUIRE(tier.put(key_of(5, /*rank*/ 0), mine));
@@ -121,7 +121,7 @@ TEST_CASE("R19 memory tier: a zero capacity is a typed error that names the valu
   CHECK_THROWS_AS(MemoryTier<CountingSource>(0, source), Error);
 }
 
-TEST_CASE("memory tier: an entry larger than the capacity is refused, counted, and keeps the old one") {
+TEST_CASE("memory tier: an entry larger than the capacity is refused and counted and keeps the old one") {
   MemoryTier<> tier(1000);
   const auto small = pattern(3, 600);
   REQUIRE(tier.put(key_of(1), small));
@@ -236,7 +236,7 @@ TEST_CASE("memory tier: an overwrite or erase under a live view leaves the view'
   CHECK(tier.stats().bytes == 0);
 }
 
-TEST_CASE("memory tier: a failing pinned source makes put return false, counted, nothing leaked") {
+TEST_CASE("memory tier: a failing pinned source makes put return false (counted) and leaks nothing") {
   CountingSource source;
   MemoryTier<CountingSource> tier(1 << 16, source);
   const auto keep = pattern(31, 100);

@@ -27,10 +27,18 @@ constexpr char kMooncake[] = "mooncake";
 constexpr char kNixl[] = " NIXL ";
 constexpr char kLmcache[] = "LMCacheConnectorV1";
 constexpr char kKvfuse[] = "kvfuse";
+constexpr char kRedis[] = "redis";
+constexpr char kTypo[] = "LMCacheConnectorV2";
 using Mooncake = FakeSub<kMooncake>;
 using Nixl = FakeSub<kNixl>;
 using Offload = FakeSub<kLmcache>;
 using OffloadAlias = FakeSub<kKvfuse>;
+using Redis = FakeSub<kRedis>;
+using OffloadTypo = FakeSub<kTypo>;
+
+/// Whether Multi<Subs...> names a type at all (its constraints hold).
+template <class... Subs>
+constexpr bool multi_compiles = requires { typename Multi<Subs...>; };
 
 }  // namespace
 
@@ -42,6 +50,19 @@ TEST_CASE("R15 a static Multi refuses two offload subs in any spelling at compil
   CHECK(Multi<Mooncake, Offload>::tier_sub == std::optional<std::size_t>(1));
   CHECK_FALSE(Multi<Mooncake, Nixl>::tier_sub.has_value());
   // Naming Multi<Offload, OffloadAlias> does not compile: tests/compile_fail case 6.
+}
+
+TEST_CASE("R15 a static Multi with an unknown connector name does not compile") {
+  static_assert(KnownConnectorNames<Mooncake, Nixl, Offload, OffloadAlias>);
+  static_assert(!KnownConnectorNames<Mooncake, Redis>);
+  static_assert(!KnownConnectorNames<OffloadTypo>);  // a typo of the offload name is not "no tier sub"
+  static_assert(!AtMostOneOffloadSub<Mooncake, Redis>);
+  static_assert(multi_compiles<Mooncake, Offload>);
+  static_assert(!multi_compiles<Mooncake, Redis>);
+  static_assert(!multi_compiles<OffloadTypo, Mooncake>);
+  CHECK(multi_compiles<Nixl>);
+  CHECK_FALSE(multi_compiles<Nixl, OffloadTypo>);
+  // The diagnostic names the concept and the rule: tests/compile_fail case 7.
 }
 
 TEST_CASE("R16 the first sub with tokens wins the KV load and losers cancel what they armed") {
@@ -65,7 +86,7 @@ TEST_CASE("R16 the first sub with tokens wins the KV load and losers cancel what
   CHECK(pd.cancelled.empty());  // it armed nothing, it cancels nothing
 }
 
-TEST_CASE("R16 the state leg travels only with the tier sub's load, alone, or is released") {
+TEST_CASE("R16 the state leg travels only with the tier sub's load or alone or is released") {
   Mooncake pd;
   Offload tier;
   Multi<Mooncake, Offload> multi(pd, tier);
@@ -84,7 +105,7 @@ TEST_CASE("R16 the state leg travels only with the tier sub's load, alone, or is
   CHECK(no_tier.arbitrate(q, true).state == StateDisposition::released);  // no tier sub to run it
 }
 
-TEST_CASE("R16 a released state load is abandoned, not missed, and unparks nothing else") {
+TEST_CASE("R16 a released state load is abandoned (not missed) and unparks nothing else") {
   std::vector<SlotId> released_slots;
   OffloadIndex<> index(OffloadIndexOptions{.hash_capacity = 16, .slot_count = 4},
                        [&](SlotId s) { released_slots.push_back(s); });

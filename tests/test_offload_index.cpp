@@ -92,7 +92,7 @@ struct kvfuse::detail::OffloadIndexAccess<AuditTag> {
 
 // ------------------------------------------------------------------------------ R5
 
-TEST_CASE("R5 the lifecycle identity holds at every instant, a live unconsumed ticket included") {
+TEST_CASE("R5 the lifecycle identity holds at every instant (a live unconsumed ticket included)") {
   Harness h;
   h.index.note_stored(PrefixHash{7});
   LoadAdmission a = h.index.request_load(RequestId{1}, kv_spec(0, 512), leg(7, 1));
@@ -150,7 +150,7 @@ TEST_CASE("R5 stats() audits the identities on every read and counts each failed
   CHECK(h.index.check_consistency().ok);
 }
 
-TEST_CASE("R5 the indexed hashes are LRU-capped with evictions counted, as one structure") {
+TEST_CASE("R5 the indexed hashes are LRU-capped with evictions counted as one structure") {
   Harness h(small_options(3));
   for (std::uint64_t x : {1, 2, 3}) h.index.note_stored(PrefixHash{x});
   CHECK(lru_order(h.index) == std::vector<std::uint64_t>{3, 2, 1});
@@ -177,7 +177,7 @@ TEST_CASE("R5 the indexed hashes are LRU-capped with evictions counted, as one s
   check_identity(h.index);
 }
 
-TEST_CASE("R5 a hash is indexed only when a save settles stored on every rank, and a save settles once") {
+TEST_CASE("R5 a hash is indexed only when a save settles stored on every rank and a save settles once") {
   Harness h;
   auto ta = h.index.request_save(StateStore{StoreKey{PrefixHash{11}, {}}, SlotId{0}, 256});
   auto tb = h.index.request_save(StateStore{StoreKey{PrefixHash{12}, {}}, SlotId{1}, 256});
@@ -228,7 +228,7 @@ TEST_CASE("R5 a KV save settles and is counted but never enters the state-hash s
   check_identity(h.index);
 }
 
-TEST_CASE("R6 a save is ticketed like a load: its records count only once dispatched, and a dropped ticket abandons it") {
+TEST_CASE("R6 a save is ticketed like a load: its records count only once dispatched and a dropped ticket abandons it") {
   Harness h;
   StoreKey dropped_key;
   {
@@ -259,7 +259,7 @@ TEST_CASE("R6 a save is ticketed like a load: its records count only once dispat
   check_identity(h.index);
 }
 
-TEST_CASE("R19 a save the index cannot record is refused, and the caller learns it") {
+TEST_CASE("R19 a save the index cannot record is refused and the caller learns it") {
   REQUIRE(detail::AllocationScope::hook_installed());
   Harness h;
   detail::AllocationScope::fail_next(1);  // the save table's first growth fails
@@ -353,7 +353,7 @@ TEST_CASE("R6 a ticket destroyed unconsumed abandons itself and the scheduler dr
   check_identity(h.index);
 }
 
-TEST_CASE("R6 dispatch yields the whole LoadRequest and moves, never copies, the KV spec") {
+TEST_CASE("R6 dispatch yields the whole LoadRequest and moves (never copies) the KV spec") {
   Harness h;
   h.index.note_stored(PrefixHash{5});
   KvSpec kv = kv_spec(256, 1024);
@@ -379,7 +379,7 @@ TEST_CASE("R6 dispatch yields the whole LoadRequest and moves, never copies, the
 
 // ------------------------------------------------------------------------------ R7
 
-TEST_CASE("R7 an abandon never retracts the hash; only a genuine miss does") {
+TEST_CASE("R7 an abandon never retracts the hash - only a genuine miss does") {
   Harness h;
   h.index.note_stored(PrefixHash{42});
 
@@ -440,7 +440,7 @@ TEST_CASE("R8 the index never releases the slot of a live request") {
   CHECK(h.index.stats().slots_released == 0);
 }
 
-TEST_CASE("R8 an orphan's slot goes back exactly once, when its ranks settle it") {
+TEST_CASE("R8 an orphan's slot goes back exactly once when its ranks settle it") {
   for (const bool ok : {true, false}) {
     CAPTURE(ok);
     Harness h;
@@ -466,7 +466,7 @@ TEST_CASE("R8 an orphan's slot goes back exactly once, when its ranks settle it"
   }
 }
 
-TEST_CASE("R8 complete, fail, fail_all and abandon by key never end an orphan: its ranks may still write its slot") {
+TEST_CASE("R8 complete and fail and fail_all and abandon by key never end an orphan: its ranks may still write its slot") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   const LoadKey k = start(h.index, 1, kv_spec(0, 512), leg(1, 6));
@@ -491,7 +491,7 @@ TEST_CASE("R8 complete, fail, fail_all and abandon by key never end an orphan: i
   check_identity(h.index);
 }
 
-TEST_CASE("R8 a load that never hears back stays in flight, visible: report_overdue lists it without releasing anything") {
+TEST_CASE("R8 a load that never hears back stays in flight and visible: report_overdue lists it without releasing anything") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   const LoadKey old_load = start(h.index, 1, kv_spec(0, 256), std::nullopt);
@@ -560,7 +560,7 @@ TEST_CASE("R8 orphan() of a load that is not in flight leaves the slot with the 
   CHECK(h.index.stats().orphaned == 0);
 }
 
-TEST_CASE("R8 reclaim ages orphans from orphan time, not dispatch time") {
+TEST_CASE("R8 reclaim ages orphans from orphan time and not dispatch time") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   const LoadKey slow = start(h.index, 1, std::nullopt, leg(1, 1));
@@ -586,7 +586,7 @@ TEST_CASE("R8 reclaim ages orphans from orphan time, not dispatch time") {
   check_identity(h.index);
 }
 
-TEST_CASE("R8 reclaim takes only orphans old enough, oldest first, even if the clock went back") {
+TEST_CASE("R8 reclaim takes only orphans old enough and oldest first even if the clock went back") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   const auto t0 = ManualClock::now();
@@ -620,7 +620,7 @@ TEST_CASE("R8 a timeout of zero or less disables reclaim") {
   CHECK(h.index.is_outstanding(k));
 }
 
-TEST_CASE("R8 a re-admitted request gets a new generation and its own slot; the old orphan neither blocks nor is touched") {
+TEST_CASE("R8 a re-admitted request gets a new generation and its own slot - the old orphan neither blocks nor is touched") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   const LoadKey first = start(h.index, 7, kv_spec(0, 512), leg(1, 1));
@@ -643,7 +643,7 @@ TEST_CASE("R8 a re-admitted request gets a new generation and its own slot; the 
   check_identity(h.index);
 }
 
-TEST_CASE("R8 a release callback that throws is counted, never propagated") {
+TEST_CASE("R8 a release callback that throws is counted and never propagated") {
   OffloadIndexOptions o = small_options();
   Index index(o, [](SlotId) { throw std::runtime_error("allocator said no"); });
   index.note_stored(PrefixHash{1});
@@ -658,7 +658,7 @@ TEST_CASE("R8 a release callback that throws is counted, never propagated") {
 
 // ------------------------------------------------------------------------------ R3
 
-TEST_CASE("R3 reports for unknown, settled, reclaimed or undispatched keys are late and change nothing") {
+TEST_CASE("R3 reports for unknown / settled / reclaimed / undispatched keys are late and change nothing") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   const LoadKey live = start(h.index, 1, std::nullopt, leg(1, 1));
@@ -706,7 +706,7 @@ TEST_CASE("R3 reports for unknown, settled, reclaimed or undispatched keys are l
   check_identity(h.index);
 }
 
-TEST_CASE("R3 the index issues one fresh generation per admission, continuing after last_issued") {
+TEST_CASE("R3 the index issues one fresh generation per admission continuing after last_issued") {
   OffloadIndexOptions o = small_options();
   o.last_issued = Generation{41};
   std::vector<SlotId> released;
@@ -726,7 +726,7 @@ TEST_CASE("R3 the index issues one fresh generation per admission, continuing af
 
 // ------------------------------------------------------------------------------ R17
 
-TEST_CASE("R17 stats(), hash_of and a failing batch visit no entry at any size; the consistency walk visits all") {
+TEST_CASE("R17 stats() and hash_of and a failing batch visit no entry at any size - the consistency walk visits all") {
   Harness h(small_options(std::size_t{1} << 17, 4));
   h.index.note_stored(PrefixHash{1});
   const LoadKey one = start(h.index, 1, kv_spec(0, 256), std::nullopt);
@@ -768,7 +768,7 @@ TEST_CASE("R17 stats(), hash_of and a failing batch visit no entry at any size; 
 
 // ------------------------------------------------------------------------------ R19
 
-TEST_CASE("R19 bad input to the index is refused and leaves every counter, slot and hash as it was") {
+TEST_CASE("R19 bad input to the index is refused and leaves every counter and slot and hash as it was") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
   h.index.note_stored(PrefixHash{2});
@@ -865,7 +865,7 @@ TEST_CASE("R19 construction errors throw kvfuse::Error naming the value") {
   }
 }
 
-TEST_CASE("R19 the load, settle and drain paths are noexcept") {
+TEST_CASE("R19 the load / settle / drain paths are noexcept") {
   Harness h;
   LoadTicket t;
   std::vector<LoadResolution> out;
@@ -888,7 +888,7 @@ TEST_CASE("R19 the load, settle and drain paths are noexcept") {
   CHECK(noexcept(h.index.stats()));
 }
 
-TEST_CASE("index: preallocated hashes, drain by visitor, and queries on resolved keys") {
+TEST_CASE("index: preallocated hashes - drain by visitor - queries on resolved keys") {
   OffloadIndexOptions o = small_options(1024);
   o.preallocate_hashes = true;
   std::vector<SlotId> released;

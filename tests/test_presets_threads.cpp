@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <random>
+#include <set>
 
 using namespace kvfuse;
 using namespace kvfuse::testing;
@@ -64,7 +65,7 @@ struct Rank {
   Conn make(HostRuntime& rt, TpQuorum& group) {
     if constexpr (Conn::has_state) {
       using S = typename Conn::state_leg_type;
-      return Conn(pools.geo, rt, pools.memory(), typename Conn::kv_leg_type(*tier), S(tier.get()), group);
+      return Conn(pools.geo, rt, pools.memory(), typename Conn::kv_leg_type(*tier), S(*tier), group);
     } else {
       return Conn(pools.geo, rt, pools.memory(), typename Conn::kv_leg_type(*tier), NoState{}, group);
     }
@@ -157,7 +158,71 @@ void run_preset(const std::filesystem::path& dir = {}) {
 
 using Mem = MemoryTier<>;
 
+/// Builds `world` ranks of `Conn` on `group`, sends each the request an empty ticket
+/// dispatches (neither a KV nor a state spec), and checks that every rank reports exactly
+/// one record for it, with Reason::invalid_spec, and nothing else.
+template <class Conn>
+void legless_request_is_refused(typename Conn::group_type& group, std::uint32_t world) {
+  using T = typename Conn::kv_leg_type::tier_type;
+  HostRuntime rt;
+  std::vector<std::unique_ptr<DevicePools<HostRuntime>>> pools;
+  std::vector<std::unique_ptr<T>> tiers;
+  std::vector<std::unique_ptr<Conn>> conns;
+  for (std::uint32_t r = 0; r < world; ++r) {
+    pools.push_back(std::make_unique<DevicePools<HostRuntime>>(rt, small_geometry(r, world)));
+    tiers.push_back(std::make_unique<T>(std::size_t{1} << 20));
+    auto state_leg = [&] {
+      if constexpr (Conn::has_state) return typename Conn::state_leg_type(*tiers.back());
+      else return NoState{};
+    };
+    conns.push_back(std::make_unique<Conn>(pools.back()->geo, rt, pools.back()->memory(),
+                                           typename Conn::kv_leg_type(*tiers.back()), state_leg(), group));
+  }
+  const LoadRequest request = LoadTicket{}.dispatch();
+  REQUIRE_FALSE(request.kv.has_value());
+  REQUIRE_FALSE(request.state.has_value());
+  for (auto& conn : conns) conn->load(request);
+  for (auto& conn : conns) conn->drain();  // every lane idle: every record is queued
+  RecordLog log;
+  (void)group.drain(log);
+  REQUIRE(log.loads.size() == world);
+  std::set<std::uint32_t> ranks;
+  for (const CompletionRecord& rec : log.loads) {
+    CAPTURE(rec.rank);
+    CHECK(rec.key == request.key);
+    CHECK(rec.kv_reason == Reason::invalid_spec);
+    CHECK(rec.state_reason == Reason::invalid_spec);
+    CHECK(rec.kv == KvOutcome::none);
+    CHECK(rec.state == StateOutcome::none);
+    CHECK(ranks.insert(rec.rank).second);
+  }
+  CHECK(log.stores.empty());
+  conns.clear();  // destruction finishes nothing more: no second record from any rank
+  CHECK(group.drain(log) == 0);
+}
+
 }  // namespace
+
+TEST_CASE("R1 a request with neither leg reports invalid_spec once per rank on every preset and group") {
+  SUBCASE("DenseConnector") {
+    SingleRank single;
+    legless_request_is_refused<DenseConnector<Mem, SingleRank>>(single, 1);
+    TpQuorum quorum{TpQuorumConfig{kWorld, 3, 1024}};
+    legless_request_is_refused<DenseConnector<Mem, TpQuorum>>(quorum, kWorld);
+  }
+  SUBCASE("Dsv4Connector") {
+    SingleRank single;
+    legless_request_is_refused<Dsv4Connector<Mem, SingleRank>>(single, 1);
+    TpQuorum quorum{TpQuorumConfig{kWorld, 3, 1024}};
+    legless_request_is_refused<Dsv4Connector<Mem, TpQuorum>>(quorum, kWorld);
+  }
+  SUBCASE("KimiK3Connector") {
+    SingleRank single;
+    legless_request_is_refused<KimiK3Connector<Mem, SingleRank>>(single, 1);
+    TpQuorum quorum{TpQuorumConfig{kWorld, 3, 1024}};
+    legless_request_is_refused<KimiK3Connector<Mem, TpQuorum>>(quorum, kWorld);
+  }
+}
 
 TEST_CASE("presets: DenseConnector loads and stores real bytes across 4 ranks") {
   run_preset<DenseConnector<Mem>>();

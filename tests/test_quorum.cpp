@@ -172,7 +172,7 @@ TEST_CASE("R2 a miss on one rank and a KV failure on another settle together and
   CHECK(out.loads[0] == Settlement{lk(1, 1), false, true});
 }
 
-TEST_CASE("R2 a KV-only failure, a transfer failure, a refusal or `none` never retract") {
+TEST_CASE("R2 a KV-only failure / a transfer failure / a refusal / `none` never retract") {
   for (StateOutcome other : {StateOutcome::restored, StateOutcome::failed, StateOutcome::refused, StateOutcome::none}) {
     TpQuorum q(config(2));
     Collect out;
@@ -206,7 +206,7 @@ TEST_CASE("R4 contradictory reports from one rank: a failure is never overwritte
   CHECK(out.loads[0] == Settlement{lk(1, 1), false, true});
 }
 
-TEST_CASE("R4 a partial quorum waits: no expiry, visible in stats with its age") {
+TEST_CASE("R4 a partial quorum waits: no expiry and visible in stats with its age") {
   TpQuorum q(config(8));
   Collect out;
   const Time t0 = Time{} + 1000s;
@@ -244,7 +244,7 @@ TEST_CASE("R4 the oldest-pending gauge follows settlements out of order") {
   CHECK(q.stats().oldest_pending_age(t0 + 100s) == std::chrono::steady_clock::duration::zero());
 }
 
-TEST_CASE("R4 a dead rank unblocks every key waiting on it, as failed, and never retracts for it") {
+TEST_CASE("R4 a dead rank unblocks every key waiting on it as failed and never retracts for it") {
   TpQuorum q(config(3));
   Collect out;
   feed(q, rec(lk(1, 1), 0), out);  // A: waits only on rank 2
@@ -439,7 +439,7 @@ TEST_CASE("R4 pump results survive until the next step and ingest results ride t
 
 // ---- saves: two phases ----------------------------------------------------------------------
 
-TEST_CASE("R4 a save's source is released only if every rank released, and stored only if every rank stored") {
+TEST_CASE("R4 a save's source is released only if every rank released and stored only if every rank stored") {
   TpQuorum q(config(3));
   Collect out;
   for (std::uint32_t r = 0; r < 3; ++r) feed_save(q, sk(1, 1), r, out);
@@ -506,7 +506,7 @@ TEST_CASE("R4 a dead rank never counts as stored but releases its source") {
   CHECK(out.stores[3] == stored_phase(sk(2, 1), false));
 }
 
-TEST_CASE("R3 save records settle only for saves the index has in flight, once per phase") {
+TEST_CASE("R3 save records settle only for saves the index has in flight and once per phase") {
   PumpFixture f(config(2));
   f.send(srec(sk(5, 1), 0, SavePhase::released));  // never issued
   f.send(srec(sk(5, 1), 1, SavePhase::released));
@@ -587,7 +587,7 @@ TEST_CASE("R3 TpQuorum lane queues feed the pump in one step") {
 
 static_assert(SettlementIndex<OffloadIndex<>>);
 
-TEST_CASE("R2 guards on two ranks, the quorum and the pump settle a joint load into OffloadIndex") {
+TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint load into OffloadIndex") {
   std::vector<SlotId> released;
   OffloadIndexOptions options;
   options.hash_capacity = 64;
@@ -692,7 +692,7 @@ TEST_CASE("quorum internals: the flat map agrees with std::unordered_map under r
 
 // ---- the index resolves, the group forgets; ranks come back --------------------------------
 
-TEST_CASE("R3 a key the index resolved without its ranks leaves the quorum, and its later records are late") {
+TEST_CASE("R3 a key the index resolved without its ranks leaves the quorum and its later records are late") {
   OffloadIndexOptions options;
   options.slot_count = 4;
   OffloadIndex<> index(options, [](SlotId) {});
@@ -745,7 +745,7 @@ TEST_CASE("R3 a key the index resolved without its ranks leaves the quorum, and 
   CHECK(index.stats().invariant_violations == 0);
 }
 
-TEST_CASE("R4 a rank that came back counts for loads issued after its return, never for a record from before") {
+TEST_CASE("R4 a rank that came back counts for loads issued after its return and never for a record from before") {
   PumpFixture f(config(2));
   f.index.outstanding.insert(lk(1, 3));
   f.index.outstanding.insert(lk(2, 4));

@@ -147,7 +147,7 @@ void run_rank(std::uint64_t seed, std::uint32_t rank, LaneEmitter& lane) {
 
 }  // namespace
 
-TEST_CASE("R4 randomized: 8 rank threads with random outcomes and drain timing settle each key once, as the model says") {
+TEST_CASE("R4 randomized: 8 rank threads with random outcomes and drain timing settle each key once as the model says") {
   for (std::uint64_t seed : {1ULL, 2ULL}) {
     CAPTURE(seed);
     TpQuorumConfig cfg;

@@ -54,7 +54,7 @@ struct OrderCheck {
 
 }  // namespace
 
-TEST_CASE("R20 with a tiny queue and a slow drain every record arrives, in order per lane, none lost") {
+TEST_CASE("R20 with a tiny queue and a slow drain every record arrives in order per lane and none is lost") {
   RankQueue queue(0, RankQueueConfig{2, 4, Backoff{}});
   LaneEmitter lane0 = queue.emitter(0);
   LaneEmitter lane1 = queue.emitter(1);

@@ -60,7 +60,7 @@ TEST_CASE("records: the save layout is the documented little-endian version-2 on
   CHECK(as_u8(to_bytes(sample_save)) == expected);
 }
 
-TEST_CASE("records: every outcome, phase and reason round-trips") {
+TEST_CASE("records: every outcome and phase and reason round-trips") {
   for (int kv = 0; kv <= 2; ++kv)
     for (int st = 0; st <= 4; ++st)
       for (int reason = 0; reason <= static_cast<int>(last_reason); ++reason) {
@@ -92,7 +92,7 @@ TEST_CASE("records: every Reason has its own stable name") {
   CHECK(to_string(Reason::kv_chunk_missing) == "kv_chunk_missing");
 }
 
-TEST_CASE("R19 from_bytes refuses a truncated, padded or version-1 buffer") {
+TEST_CASE("R19 from_bytes refuses a truncated or padded or version-1 buffer") {
   const RecordBytes good = to_bytes(sample_load);
   std::array<std::byte, record_wire_bytes + 1> longer{};
   for (std::size_t i = 0; i < good.size(); ++i) longer[i] = good[i];
@@ -105,7 +105,7 @@ TEST_CASE("R19 from_bytes refuses a truncated, padded or version-1 buffer") {
   CHECK_FALSE(completion_from_bytes(std::span<const std::byte>{}));
 }
 
-TEST_CASE("R19 from_bytes refuses another version or kind, out-of-range values, and nonzero reserved bytes") {
+TEST_CASE("R19 from_bytes refuses another version or kind and out-of-range values and nonzero reserved bytes") {
   auto load_with = [](std::size_t at, int value) {
     RecordBytes b = to_bytes(sample_load);
     b[at] = std::byte{static_cast<unsigned char>(value)};

@@ -93,7 +93,7 @@ FenceMode fenced_save(R& rt, HostRuntime& host, SaveFence<R>& fence, typename R:
 
 }  // namespace
 
-TEST_CASE("R13 the event path orders the save's copy after the producer, without a host wait") {
+TEST_CASE("R13 the event path orders the save's copy after the producer without a host wait") {
   HostRuntime rt;
   auto compute = rt.make_stream();
   auto copy = rt.make_stream();
@@ -200,7 +200,7 @@ TEST_CASE("R13 a failed device-side wait makes the fencing thread wait on the ev
   CHECK(fence.stats().wait_fallbacks == 1);
 }
 
-TEST_CASE("R13 when not even the device can be synchronized, fence() refuses instead of copying unordered") {
+TEST_CASE("R13 when not even the device can be synchronized fence() refuses instead of copying unordered") {
   Faulty rt;
   rt.fail(RuntimeCall::create_event);
   rt.fail(RuntimeCall::device_synchronize, 1);

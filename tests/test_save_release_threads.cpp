@@ -159,7 +159,7 @@ struct OrderRank {
     g_log = &log;
     rt.device_lo = pools.blocks;  // blocks and slots: two allocations; cover both
     rt.device_hi = pools.blocks + pools.geo.num_blocks * pools.geo.block_bytes();
-    conn = std::make_unique<Conn>(pools.geo, rt, pools.memory(), PagedKv<GatedTier>(tier), RecurrentState<GatedTier>(&tier),
+    conn = std::make_unique<Conn>(pools.geo, rt, pools.memory(), PagedKv<GatedTier>(tier), RecurrentState<GatedTier>(tier),
                                   group);
   }
   ~OrderRank() {
@@ -231,7 +231,7 @@ TEST_CASE("R13 a state save's release and its put both come after the synchroniz
   for (std::size_t j = 0; j < g.slot_bytes; ++j) REQUIRE(v.bytes()[j] == state_byte(0, PrefixHash{9}, j));
 }
 
-TEST_CASE("R1 early block release: a save reports released while its put is still held open, then stored") {
+TEST_CASE("R1 early block release: a save reports released while its put is still held open and stored after") {
   OrderRank rank;
   Gate gate;
   rank.tier.gate = &gate;
@@ -265,7 +265,7 @@ struct ThrowingSaveKv {
 };
 }  // namespace
 
-TEST_CASE("R1 a save whose leg throws still reports released, only after the stream is synchronized") {
+TEST_CASE("R1 a save whose leg throws still reports released but only after the stream is synchronized") {
   EventLog log;
   g_log = &log;
   {

@@ -17,7 +17,7 @@ KVFUSE_DEFINE_COUNTING_OPERATOR_NEW();
 
 using namespace kvfuse;
 
-TEST_CASE("R12 standing staging bytes equal lanes x buffer size, for any lane count") {
+TEST_CASE("R12 standing staging bytes equal lanes x buffer size for any lane count") {
   HostRuntime rt;
   for (const std::size_t lanes : {1u, 2u, 3u, 8u}) {
     for (const std::size_t bytes : {std::size_t{1}, std::size_t{4096}, std::size_t{1} << 20}) {
@@ -81,7 +81,7 @@ TEST_CASE("staging: zero lanes or zero bytes is an Error naming the value") {
   CHECK(rt.pinned_bytes() == 0);
 }
 
-TEST_CASE("staging: an out-of-range lane gets an empty span, never a wild pointer") {
+TEST_CASE("staging: an out-of-range lane gets an empty span and never a wild pointer") {
   HostRuntime rt;
   StagingPool<HostRuntime> pool(rt, 2, 128);
   CHECK(pool.buffer(2).empty());
@@ -100,7 +100,7 @@ TEST_CASE("staging: an allocation failure part-way through leaks nothing") {
   CHECK(rt.inner().pinned_bytes() == 0);
 }
 
-TEST_CASE("staging: moving a pool moves its buffers; the moved-from pool owns nothing") {
+TEST_CASE("staging: moving a pool moves its buffers - the moved-from pool owns nothing") {
   HostRuntime rt;
   StagingPool<HostRuntime> a(rt, 2, 256);
   std::byte* p0 = a.buffer(0).data();

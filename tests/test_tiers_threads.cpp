@@ -172,7 +172,7 @@ TEST_CASE("memory tier threads: concurrent put/get/erase with held views always 
   CHECK(source.live.load() == 0);
 }
 
-TEST_CASE("disk tier threads: concurrent put/get/erase never tear an entry, and a restart reads them all back") {
+TEST_CASE("disk tier threads: concurrent put/get/erase never tear an entry and a restart reads them all back") {
   constexpr int threads = 3;
   constexpr int ops = 300;
   constexpr std::uint64_t keys = 12;

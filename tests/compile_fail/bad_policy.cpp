@@ -18,6 +18,9 @@ struct Lmcache {
 struct Kvfuse : Lmcache {
   static constexpr std::string_view connector_name = "KVFUSE";
 };
+struct Redis : Lmcache {
+  static constexpr std::string_view connector_name = "redis";  // not in the registry
+};
 using Mem = kvfuse::MemoryTier<>;
 }  // namespace
 
@@ -34,6 +37,8 @@ int main() {
   using C = kvfuse::Connector<kvfuse::PagedKv<int>, kvfuse::NoState, kvfuse::SingleRank>;
 #elif KVFUSE_CASE == 6
   using C = kvfuse::Multi<Lmcache, Kvfuse>;  // two spellings of the offload connector (R15)
+#elif KVFUSE_CASE == 7
+  using C = kvfuse::Multi<Lmcache, Redis>;  // a sub whose name the registry does not know (R15)
 #else
   using C = kvfuse::Connector<kvfuse::PagedKv<Mem>, kvfuse::NoState, kvfuse::SingleRank>;  // the control: compiles
 #endif

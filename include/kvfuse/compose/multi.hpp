@@ -41,10 +41,25 @@ concept SubConnector = requires(S& sub, const AdmissionQuery& query, RequestId r
   { sub.cancel(request) } noexcept;
 };
 
-/// R15 at compile time: at most one sub resolves to the canonical offload connector, in any
-/// spelling or alias.
+namespace detail {
+/// Whether the registry knows S::connector_name in some spelling or alias (R15).
+template <class S>
+inline constexpr bool connector_name_is_registered = find_connector(S::connector_name).has_value();
+}  // namespace detail
+
+/// R15 at compile time: every sub's connector_name is a connector the registry knows, in
+/// any spelling or alias. A static Multi<...> with an unknown connector name does not
+/// compile, as a configured multi with one throws Error(unknown_connector) at startup.
+/// (The comment below sits on the line GCC quotes when the constraint fails.)
+template <class... Subs>
+concept KnownConnectorNames =
+    (detail::connector_name_is_registered<Subs> && ...);  // R15: unknown connector name in a static Multi<...>
+
+/// R15 at compile time: every sub's name is known and at most one resolves to the
+/// canonical offload connector, in any spelling or alias.
 template <class... Subs>
 concept AtMostOneOffloadSub =
+    KnownConnectorNames<Subs...> &&
     (count_offload_connectors(std::array<std::string_view, sizeof...(Subs)>{Subs::connector_name...}) <= 1);
 
 /// What happens to the state leg the index secured for a request (R16).
@@ -63,11 +78,13 @@ struct Arbitration {
   StateDisposition state = StateDisposition::none;
 };
 
-/// A static composition of sub-connectors. The first sub with tokens > 0 wins the KV
+/// A static composition of sub-connectors. Every sub's connector_name must be registered
+/// and at most one may be the offload connector (R15: compile errors naming
+/// KnownConnectorNames / AtMostOneOffloadSub). The first sub with tokens > 0 wins the KV
 /// load; every other sub that armed something cancels it. Not thread-safe: the scheduler
 /// thread only. Holds references: the subs must outlive it.
 template <SubConnector... Subs>
-  requires AtMostOneOffloadSub<Subs...>
+  requires KnownConnectorNames<Subs...> && AtMostOneOffloadSub<Subs...>
 class Multi {
  public:
   static constexpr std::size_t size = sizeof...(Subs);

@@ -116,7 +116,7 @@ inline OffloadPresence find_offload(const ConnectorConfig& cfg) {
   return p;
 }
 
-inline Capability capability_impl(const ConnectorConfig& cfg, bool pp_gate) {
+inline Capability capability_impl(const ConnectorConfig& cfg) {
   if (cfg.pipeline_parallel_size == 0)
     throw Error(ErrorCode::invalid_argument, "pipeline_parallel_size must be >= 1, got 0");
   const OffloadPresence p = find_offload(cfg);
@@ -131,11 +131,12 @@ inline Capability capability_impl(const ConnectorConfig& cfg, bool pp_gate) {
     cap.reason = "layout=none: the model carries no per-request state";
     return cap;
   }
-  if (pp_gate && cfg.pipeline_parallel_size > 1) {
-    cap.reason = "pipeline_parallel_size=" + std::to_string(cfg.pipeline_parallel_size) +
-                 ": the state tier is unsupported under pipeline parallelism";
-    return cap;
-  }
+  if (cfg.pipeline_parallel_size > 1)
+    throw Error(ErrorCode::unsupported_parallelism,
+                "pipeline_parallel_size=" + std::to_string(cfg.pipeline_parallel_size) + " with state layout " +
+                    std::string(to_string(cfg.layout)) +
+                    ": the state tier is unsupported under pipeline parallelism; use pipeline_parallel_size=1 "
+                    "or layout=none");
   cap.can_store = cap.kv_can_store;
   cap.can_load = cap.kv_can_load;
   if (!cap.can_load || !cap.can_store)
@@ -146,26 +147,18 @@ inline Capability capability_impl(const ConnectorConfig& cfg, bool pp_gate) {
 }  // namespace detail
 
 /// The config-only predicate (R14): whether the state tier exists and which way this
-/// role may use it, and whether the offload connector's KV path stores/loads. Pipeline
-/// parallelism > 1 turns the state tier off here (check_engine_config refuses such an
-/// engine outright). Throws Error for a malformed config: unknown_connector,
-/// duplicate_offload, or invalid_argument (pp = 0, subs on a non-multi, a multi with no
-/// subs or a nested multi). No I/O. Thread-safe.
-inline Capability state_tier_capability(const ConnectorConfig& cfg) { return detail::capability_impl(cfg, true); }
+/// role may use it, and whether the offload connector's KV path stores/loads. Refuses
+/// rather than turning the tier off: pipeline_parallel_size > 1 with a state tier (an
+/// offload connector and a stateful layout, whatever the role) throws
+/// Error(unsupported_parallelism) naming both values; a config that would host no state
+/// tier (a dense layout, no offload connector) answers under any pp. Throws Error for a
+/// malformed config too: unknown_connector, duplicate_offload, or invalid_argument (pp = 0,
+/// subs on a non-multi, a multi with no subs or a nested multi). No I/O. Thread-safe.
+inline Capability state_tier_capability(const ConnectorConfig& cfg) { return detail::capability_impl(cfg); }
 
-/// The engine-construction check, run before any rank exists: validates the config like
-/// state_tier_capability, and throws Error(unsupported_parallelism) naming the value when
-/// pipeline_parallel_size > 1 would carry a state tier. A config that would not host a
-/// state tier anyway (a dense layout, no offload connector) passes under any pp.
-/// Thread-safe.
-inline void check_engine_config(const ConnectorConfig& cfg) {
-  const Capability without_pp_gate = detail::capability_impl(cfg, false);
-  if (cfg.pipeline_parallel_size > 1 && (without_pp_gate.can_store || without_pp_gate.can_load))
-    throw Error(ErrorCode::unsupported_parallelism,
-                "pipeline_parallel_size=" + std::to_string(cfg.pipeline_parallel_size) + " with state layout " +
-                    std::string(to_string(cfg.layout)) +
-                    ": the state tier is unsupported under pipeline parallelism; use pipeline_parallel_size=1 "
-                    "or layout=none");
-}
+/// The engine-construction check, run before any rank exists: throws exactly what
+/// state_tier_capability throws (the same function decides), for engines that validate
+/// the config before they need the capability. Thread-safe.
+inline void check_engine_config(const ConnectorConfig& cfg) { (void)state_tier_capability(cfg); }
 
 }  // namespace kvfuse

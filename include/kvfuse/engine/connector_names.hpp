@@ -144,23 +144,19 @@ constexpr ConnectorKind connector_kind(std::string_view name) {
   return detail::info_of_canonical(canonical_connector_name(name))->kind;
 }
 
-/// Whether `name` (any spelling) is the offload connector. Unknown names are not. Never
-/// throws; constexpr.
-constexpr bool is_offload_connector(std::string_view name) noexcept {
-  const std::optional<ConnectorInfo> c = find_connector(name);
-  return c.has_value() && c->kind == ConnectorKind::offload;
-}
+/// Whether `name` (any spelling) is the offload connector. An unknown name is not a
+/// quiet "no": it throws like canonical_connector_name (and so does not compile in a
+/// constant expression). constexpr for known names. Thread-safe.
+constexpr bool is_offload_connector(std::string_view name) { return connector_kind(name) == ConnectorKind::offload; }
 
-/// Whether `name` (any spelling) is the multi connector. Unknown names are not. Never
-/// throws; constexpr.
-constexpr bool is_multi_connector(std::string_view name) noexcept {
-  const std::optional<ConnectorInfo> c = find_connector(name);
-  return c.has_value() && c->kind == ConnectorKind::multi;
-}
+/// Whether `name` (any spelling) is the multi connector; throws for an unknown name like
+/// is_offload_connector. constexpr for known names. Thread-safe.
+constexpr bool is_multi_connector(std::string_view name) { return connector_kind(name) == ConnectorKind::multi; }
 
-/// How many of `names` (any spellings) are the offload connector. A static Multi<...>
-/// static_asserts this is at most one. Never throws; constexpr.
-constexpr std::size_t count_offload_connectors(std::span<const std::string_view> names) noexcept {
+/// How many of `names` (any spellings) are the offload connector. Throws for an unknown
+/// name like is_offload_connector. A static Multi<...> requires this to be at most one.
+/// constexpr for known names. Thread-safe.
+constexpr std::size_t count_offload_connectors(std::span<const std::string_view> names) {
   std::size_t n = 0;
   for (std::string_view s : names) n += is_offload_connector(s) ? 1 : 0;
   return n;

@@ -15,10 +15,11 @@ enum class SaveKind : std::uint8_t {
   kv = 1,     ///< KV chunks: tracked and counted, never put in the state-hash set
 };
 
-/// Save whole chunks of a request's prefix: chunk i is stored under `chunk_keys[i]` (the
-/// chained prefix hash names the chunk's position), gathered from `blocks`, chunk_tokens /
-/// block_tokens blocks per chunk, in order. `key.hash` names the save (usually the last
-/// chunk's key); OffloadIndex::request_save issues the generation.
+/// Save whole chunks of a request's prefix. `chunk_keys` are the prefix hashes of the
+/// chunks to save, in prompt order (the tier keys a chunk by that hash alone, so no
+/// position travels); `blocks` hold those chunks' tokens in order, chunk_tokens /
+/// block_tokens blocks per chunk. `key.hash` names the save (usually the last chunk's
+/// key); OffloadIndex::request_save issues the generation.
 struct KvSave {
   StoreKey key;
   std::vector<PrefixHash> chunk_keys;

@@ -8,10 +8,12 @@
 // or throws (R19).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -29,7 +31,8 @@ namespace kvfuse {
 /// Construction-time knobs of a Connector.
 struct ConnectorOptions {
   std::size_t lane_capacity = 256;  ///< queued tasks per lane before submit backs off
-  std::size_t staging_bytes = 0;    ///< per-lane staging; 0 = the largest chunk or state entry
+  std::size_t staging_bytes = 0;    ///< per-lane staging; 0 = the larger of a KV chunk and a state entry
+                                    ///< (StateLeg::entry_bytes), for the rank's geometry
 };
 
 /// Counters of one connector. Read from any thread (relaxed atomics): a snapshot, not a fence.
@@ -102,12 +105,14 @@ class Connector {
         state_lane_("kvfuse-state", options.lane_capacity) {}
 
   /// Same, claiming this rank's lane emitters from `group` (lanes 0 .. lane_count-1 of
-  /// rank geometry.rank). Throws kvfuse::Error if the group has too few lanes or they are
-  /// already claimed.
+  /// rank geometry.rank). Throws kvfuse::Error(invalid_argument) naming both values if
+  /// geometry.world_size is not group.world_size() (a rank cut for another world), and
+  /// kvfuse::Error if the group has too few lanes or they are already claimed. The
+  /// geometry, memory and world size are checked before any emitter is claimed.
   Connector(const RankGeometry& geometry, R& runtime, DeviceMemory memory, KvLeg kv_leg, StateLeg state_leg,
             Group& group, ConnectorOptions options = {})
       : Connector(geometry, runtime, memory, std::move(kv_leg), std::move(state_leg),
-                  claim_emitters(group, geometry.rank), options) {}
+                  claim_checked(group, geometry, memory), options) {}
 
   /// Claims the lane emitters of `rank` from `group`, in lane order (load, store, state).
   static Emitters claim_emitters(Group& group, std::uint32_t rank) {
@@ -124,13 +129,16 @@ class Connector {
   ~Connector() { drain(); }
 
   /// Accepts one load: KV-only and joint loads run on the load lane; a state-only load
-  /// with a concurrent state leg runs entirely on the state lane (R9), so it never queues
-  /// behind other requests' KV retrieves. Exactly one record follows (R1). Dispatch thread
-  /// only; noexcept; never allocates (the request is moved into the lane's inline task).
+  /// (a state spec, no KV spec) with a concurrent state leg runs entirely on the state
+  /// lane (R9), so it never queues behind other requests' KV retrieves. A request with
+  /// neither leg (an empty ticket's dispatch, a garbled transport) runs on the load lane
+  /// and reports Reason::invalid_spec, on every composition. Exactly one record follows
+  /// (R1). Dispatch thread only; noexcept; never allocates (the request is moved into the
+  /// lane's inline task).
   void load(LoadRequest request) noexcept {
     loads_.fetch_add(1, std::memory_order_relaxed);
     if constexpr (has_state_lane) {
-      if (!request.kv.has_value()) {
+      if (request.state.has_value() && !request.kv.has_value()) {
         state_lane_.submit([this, req = std::move(request)]() mutable noexcept { run_state_only(req); });
         return;
       }
@@ -194,10 +202,21 @@ class Connector {
     return geometry;
   }
 
+  /// Validates like the constructor, refuses a rank whose world is not the group's, then
+  /// claims the rank's emitters.
+  static Emitters claim_checked(Group& group, const RankGeometry& geometry, DeviceMemory memory) {
+    (void)validated(geometry, memory);
+    if (geometry.world_size != group.world_size())
+      throw Error(ErrorCode::invalid_argument,
+                  "geometry.world_size (" + std::to_string(geometry.world_size) + ") differs from the group's world_size (" +
+                      std::to_string(group.world_size()) + "): a rank cut for another world cannot join this group");
+    return claim_emitters(group, geometry.rank);
+  }
+
   static std::size_t staging_size(const RankGeometry& geometry, const ConnectorOptions& options) {
     if (options.staging_bytes != 0) return options.staging_bytes;
-    const std::size_t state_entry = has_state ? geometry.slot_bytes + 64 : 0;  // room for a sidecar
-    return std::max(geometry.chunk_bytes(), state_entry);
+    if constexpr (has_state) return std::max(geometry.chunk_bytes(), StateLeg::entry_bytes(geometry));
+    else return geometry.chunk_bytes();
   }
 
   static Streams make_streams(R& runtime) {
@@ -247,7 +266,8 @@ class Connector {
     }
   }
 
-  /// The state lane's task for a state-only load: it reports from the state lane.
+  /// The state lane's task for a state-only load: it reports from the state lane. load()
+  /// routes a request here only if it has a state spec.
   void run_state_only(LoadRequest& req) noexcept
     requires has_state_lane
   {

@@ -34,8 +34,10 @@
 
 namespace kvfuse {
 
-/// Default inline capacity of a lane task, in bytes: a lambda capturing a LoadRequest
-/// by pointer plus a handful of references fits with room to spare.
+/// Default inline capacity of a lane task, in bytes. Connector::load's task owns its
+/// LoadRequest by value (moved into the lambda, then into the slot: the specs' vectors
+/// change hands, nothing is copied or allocated) plus the connector's `this`; that fits
+/// with room to spare.
 inline constexpr std::size_t kLaneTaskBytes = 256;
 
 namespace detail {
@@ -193,8 +195,8 @@ class BasicLane {
     using T = std::decay_t<F>;
     static_assert(std::is_invocable_v<T&>, "kvfuse::Lane: a task must be callable with no arguments");
     static_assert(sizeof(T) <= TaskBytes,
-                  "kvfuse::Lane: the task does not fit the lane's inline storage (TaskBytes); capture less, or "
-                  "capture a pointer to the request instead of a copy");
+                  "kvfuse::Lane: the task does not fit the lane's inline storage (TaskBytes); capture less: "
+                  "move large objects in, or point to data that outlives the task");
     static_assert(alignof(T) <= alignof(std::max_align_t), "kvfuse::Lane: the task is over-aligned for a lane slot");
     static_assert(std::is_nothrow_move_constructible_v<T>, "kvfuse::Lane: a task must be nothrow-move-constructible");
     static_assert(std::is_nothrow_constructible_v<T, F&&>,

@@ -100,16 +100,21 @@ concept KvLegFor = Runtime<R> && requires(L& leg, const KvSpec& spec, const KvSa
   { leg.save(save, lane) } -> std::same_as<SaveVerdict>;
 };
 
-/// A state leg: its ordering, and (unless ordering is none) load and store calls. `kv` is
-/// the same load's KV spec, or null for a state-only load, so the leg can check that the
-/// engine and the rank agree about where the KV leg ends (R11).
+/// A state leg: its ordering, and (unless ordering is none) load and store calls and the
+/// size of one of its tier entries. `kv` is the same load's KV spec, or null for a
+/// state-only load, so the leg can check that the engine and the rank agree about where
+/// the KV leg ends (R11). `L::entry_bytes(geometry)` (static, noexcept) is the bytes one
+/// state entry takes for that rank geometry; the Connector sizes its staging to hold the
+/// larger of it and a KV chunk (R12).
 template <class L, class R>
 concept StateLegFor =
     Runtime<R> && requires { { L::ordering } -> std::convertible_to<StateOrdering>; } &&
     (L::ordering == StateOrdering::none ||
-     requires(L& leg, const StateSpec& spec, const KvSpec* kv, const StateStore& store, LaneContext<R>& lane) {
+     requires(L& leg, const StateSpec& spec, const KvSpec* kv, const StateStore& store, LaneContext<R>& lane,
+              const RankGeometry& geometry) {
        { leg.load(spec, kv, lane) } -> std::same_as<StateVerdict>;
        { leg.store(store, lane) } -> std::same_as<SaveVerdict>;
+       { L::entry_bytes(geometry) } noexcept -> std::same_as<std::size_t>;
      });
 
 }  // namespace kvfuse

@@ -5,6 +5,7 @@
 // slot outside the pool or a grid disagreement is refused the same way whatever the model.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -32,6 +33,15 @@ inline Reason check_state_spec(const StateSpec& spec, const KvSpec* kv, const Ra
   if (kv != nullptr && kv->end != geo.chunk_grid().ceil(spec.boundary_tokens)) return Reason::kv_end_mismatch;
   return Reason::none;
 }
+
+/// The explicit "this rank has no state tier" (R14), passed to RecurrentState / SlotState
+/// instead of a tier. There is no pointer constructor, so a forgotten `&tier` does not
+/// compile into a rank that silently stores nothing. Plain data; any thread.
+struct NoStateTier {
+  explicit constexpr NoStateTier() noexcept = default;
+};
+/// The one NoStateTier value: `RecurrentState<T>(kvfuse::no_state_tier)`.
+inline constexpr NoStateTier no_state_tier{};
 
 namespace detail {
 inline TierKey state_key(const RankGeometry& geo, PrefixHash hash) noexcept {
@@ -94,15 +104,21 @@ std::optional<SaveVerdict> refuse_store(const T* tier, const StateStore& store, 
 }  // namespace detail
 
 /// Kimi-K3 recurrent state: the entry is the slot's bytes, nothing more. Runs on its own
-/// lane, concurrently with the KV leg (R9). A null tier means this rank has no state tier
-/// (R14): loads fail with Reason::no_tier (never a miss), saves report not stored (their
-/// untouched source is released).
+/// lane, concurrently with the KV leg (R9). Built on `no_state_tier`, this rank has no
+/// state tier (R14): loads fail with Reason::no_tier (never a miss), saves report not
+/// stored (their untouched source is released).
 template <Tier T>
 class RecurrentState {
  public:
   static constexpr StateOrdering ordering = StateOrdering::concurrent;
   using tier_type = T;
-  explicit RecurrentState(T* tier) noexcept : tier_(tier) {}
+  /// Loads and stores through `tier`, which must outlive the leg. Any thread, before use.
+  explicit RecurrentState(T& tier) noexcept : tier_(&tier) {}
+  /// This rank has no state tier (R14). Any thread, before use.
+  explicit RecurrentState(NoStateTier) noexcept : tier_(nullptr) {}
+
+  /// Bytes of one entry on a rank with `geometry`: the slot's bytes. Any thread.
+  static constexpr std::size_t entry_bytes(const RankGeometry& geometry) noexcept { return geometry.slot_bytes; }
 
   /// Restores the checkpoint into the slot. Noexcept, no allocation.
   template <Runtime R>
@@ -110,7 +126,7 @@ class RecurrentState {
     const detail::StateFetch fetched = detail::fetch_state(tier_, spec, kv, lane);
     if (fetched.verdict) return *fetched.verdict;
     const TierView& view = fetched.view;
-    if (view.bytes().size() != lane.geometry.slot_bytes) return {StateOutcome::refused, Reason::entry_size_mismatch};
+    if (view.bytes().size() != entry_bytes(lane.geometry)) return {StateOutcome::refused, Reason::entry_size_mismatch};
     if (!detail::scatter_into_slot(lane, spec.slot, view.bytes().data()))
       return {StateOutcome::failed, Reason::state_transfer_failed};
     return {StateOutcome::restored, Reason::none};
@@ -127,7 +143,7 @@ class RecurrentState {
   }
 
  private:
-  T* tier_;
+  T* tier_;  // null only when built on no_state_tier
 };
 
 /// The sidecar a DSV4 slot entry carries in front of the slot bytes, so a load can check
@@ -142,12 +158,22 @@ struct SlotSidecar {
 /// DeepSeek-V4 slot state: runs after the KV leg on the load lane (page retrieve, sidecar
 /// validation, slot scatter, one record). A stateful DSV4 load must start from hbm = 0
 /// (the slot state is rebuilt together with the pages); a nonzero floor is refused.
+/// Built on `no_state_tier`, it behaves like RecurrentState without a tier (R14).
 template <Tier T>
 class SlotState {
  public:
   static constexpr StateOrdering ordering = StateOrdering::after_kv;
   using tier_type = T;
-  explicit SlotState(T* tier) noexcept : tier_(tier) {}
+  /// Loads and stores through `tier`, which must outlive the leg. Any thread, before use.
+  explicit SlotState(T& tier) noexcept : tier_(&tier) {}
+  /// This rank has no state tier (R14). Any thread, before use.
+  explicit SlotState(NoStateTier) noexcept : tier_(nullptr) {}
+
+  /// Bytes of one entry on a rank with `geometry`: the sidecar, then the slot's bytes.
+  /// Any thread.
+  static constexpr std::size_t entry_bytes(const RankGeometry& geometry) noexcept {
+    return sizeof(SlotSidecar) + geometry.slot_bytes;
+  }
 
   /// Validates the sidecar, then scatters the payload into the slot. Noexcept, no allocation.
   template <Runtime R>
@@ -156,8 +182,7 @@ class SlotState {
     const detail::StateFetch fetched = detail::fetch_state(tier_, spec, kv, lane);
     if (fetched.verdict) return *fetched.verdict;
     const TierView& view = fetched.view;
-    const std::size_t expected = sizeof(SlotSidecar) + lane.geometry.slot_bytes;
-    if (view.bytes().size() != expected) return {StateOutcome::refused, Reason::entry_size_mismatch};
+    if (view.bytes().size() != entry_bytes(lane.geometry)) return {StateOutcome::refused, Reason::entry_size_mismatch};
     SlotSidecar sidecar;
     std::memcpy(&sidecar, view.bytes().data(), sizeof sidecar);
     if (sidecar.boundary_hash != spec.boundary_hash.value || sidecar.boundary_tokens != spec.boundary_tokens ||
@@ -181,7 +206,7 @@ class SlotState {
   }
 
  private:
-  T* tier_;
+  T* tier_;  // null only when built on no_state_tier
 };
 
 }  // namespace kvfuse
