@@ -43,7 +43,7 @@
 #include <kvfuse/completion/single_rank.hpp>
 #include <kvfuse/compose/presets.hpp>
 #include <kvfuse/device/host_runtime.hpp>
-#include <kvfuse/tier/delay_tier.hpp>
+#include <kvfuse/testing/delay_tier.hpp>
 #include <kvfuse/tier/memory_tier.hpp>
 
 #include <algorithm>
@@ -281,7 +281,7 @@ bool state_ok(const CompletionRecord& r) { return r.state == StateOutcome::resto
 // ---- 1 and 2: a joint load against its legs ------------------------------------------------
 
 /// The serialized baseline: Kimi-K3's recurrent state leg ordered after_kv, so the
-/// connector runs it on the load lane after the KV leg. A user-written StateLeg policy.
+/// connector runs it on the load lane after the KV leg. A user-written StateSpec policy.
 template <Tier T>
 struct SerialRecurrentState {
   static constexpr StateOrdering ordering = StateOrdering::after_kv;

@@ -28,7 +28,7 @@ std::unique_ptr<OffloadIndex<>> make_index(std::size_t indexed) {
   return index;
 }
 
-StateLeg leg(std::uint64_t hash, std::uint32_t slot) { return StateLeg{PrefixHash{hash}, SlotId{slot}, 512, 16, 256}; }
+StateSpec leg(std::uint64_t hash, std::uint32_t slot) { return StateSpec{512, PrefixHash{hash}, SlotId{slot}, 16, 256}; }
 
 // stats() with its audit, at 1K, 64K and 1M indexed hashes plus 2048 outstanding loads.
 void BM_Stats(benchmark::State& state) {

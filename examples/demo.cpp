@@ -8,6 +8,7 @@
 // index must refuse, tickets the scheduler drops, and a torn-down request whose load is
 // lost), checks every byte each completed load wrote on every rank, and prints what
 // happened. Every number in the report is read from the objects after the run.
+#include <kvfuse/testing/index_consistency.hpp>
 #include <kvfuse/kvfuse.hpp>
 
 #include <chrono>
@@ -219,12 +220,12 @@ int main() {
     Parked park;
     park.prompt = &p;
     std::optional<KvSpec> kv;
-    std::optional<StateLeg> state;
+    std::optional<StateSpec> state;
     PrefixHash state_hash = p.state_hash;
     if (i >= kPrompts) state_hash = PrefixHash{0xdead0000 + i};  // never stored: must be refused
     if (shape != 1 || i >= kPrompts) {
       park.slot = free_slots.back();
-      state = StateLeg{state_hash, *park.slot, p.boundary, geo.block_tokens, geo.chunk_tokens};
+      state = StateSpec{p.boundary, state_hash, *park.slot, geo.block_tokens, geo.chunk_tokens};
     }
     if (shape != 2 && i < kPrompts) {
       const TokenCount end = ChunkGrid{geo.chunk_tokens}.ceil(p.boundary);
@@ -305,7 +306,7 @@ int main() {
   // Report.
   const IndexStats is = index.stats();
   const PumpStats ps = pump.stats();
-  const ConsistencyReport consistency = index.check_consistency();
+  const kvfuse::testing::ConsistencyReport consistency = kvfuse::testing::check_consistency(index);
   std::size_t quarantined = 0, disk_entries = 0;
   for (auto& rank : ranks) {
     quarantined += rank->state_tier.stats().quarantined;

@@ -112,7 +112,7 @@ int main() {
   // Load it back: a joint load of [0, 128) into blocks 16..23 and the checkpoint into slot 2.
   const std::vector<BlockId> load_blocks{{16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}};
   LoadAdmission admission = index.request_load(RequestId{1}, KvSpec{0, 128, chunk_keys, load_blocks},
-                                               StateLeg{checkpoint, SlotId{2}, boundary, geo.block_tokens, geo.chunk_tokens});
+                                               StateSpec{boundary, checkpoint, SlotId{2}, geo.block_tokens, geo.chunk_tokens});
   if (!admission) {
     std::printf("refused: %s (compute from scratch; nothing was dispatched)\n", to_string(admission.refusal()).data());
     return 1;

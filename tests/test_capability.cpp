@@ -127,8 +127,8 @@ TEST_CASE("R14 the index follows the capability: no loads for a producer and no 
   auto admit = [](const Capability& cap, bool with_state) {
     OffloadIndex<> index(index_options_for(cap, 4), [](SlotId) {});
     index.note_stored(PrefixHash{1});
-    std::optional<StateLeg> st;
-    if (with_state) st = StateLeg{PrefixHash{1}, SlotId{0}, 256, 16, 256};
+    std::optional<StateSpec> st;
+    if (with_state) st = StateSpec{256, PrefixHash{1}, SlotId{0}, 16, 256};
     return index.request_load(RequestId{1}, KvSpec{0, 256, {PrefixHash{9}}, {BlockId{0}}}, st).refusal();
   };
   const Capability k3 = state_tier_capability(single("offload", KvRole::both, StateLayout::k3_recurrent));

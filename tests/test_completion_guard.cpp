@@ -1,7 +1,7 @@
 // R1: a guard emits exactly one record per dispatch on every path out of its scope.
 #include <doctest/doctest.h>
 
-#include <kvfuse/completion/completion_guard.hpp>
+#include <kvfuse/worker/completion_guard.hpp>
 #include <kvfuse/completion/rank_queue.hpp>
 
 #include <stdexcept>

@@ -2,8 +2,9 @@
 // is about structure (R9) and the shipped legs where it is about bytes (R10-R14).
 #define KVFUSE_TEST_COUNTS_ALLOCATIONS 1
 #include "connector_harness.hpp"
+#include <kvfuse/testing/faulty_runtime.hpp>
 
-#include <kvfuse/detail/alloc_counter.hpp>
+#include <kvfuse/testing/alloc_counter.hpp>
 
 #include <filesystem>
 #include <functional>
@@ -269,7 +270,7 @@ TEST_CASE("R10 a state-only load ships no KV spec and moves no KV and marks no K
                        [&](SlotId s) { released.push_back(s); });
   index.note_stored(PrefixHash{5});
   LoadAdmission a = index.request_load(RequestId{1}, std::nullopt,
-                                       StateLeg{PrefixHash{5}, SlotId{1}, 48, 16, 64});
+                                       StateSpec{48, PrefixHash{5}, SlotId{1}, 16, 64});
   REQUIRE(a.admitted());
   LoadRequest request = a.ticket().dispatch();
   CHECK_FALSE(request.kv.has_value());  // no zero-length sentinel, no block table, no token ids

@@ -3,7 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <kvfuse/detail/checksum.hpp>
-#include <kvfuse/tier/delay_tier.hpp>
+#include <kvfuse/testing/delay_tier.hpp>
 #include <kvfuse/tier/disk_tier.hpp>
 
 #include <stdlib.h>

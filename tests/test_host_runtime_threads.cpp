@@ -4,8 +4,8 @@
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
-#include <kvfuse/detail/alloc_counter.hpp>
-#include <kvfuse/device/faulty_runtime.hpp>
+#include <kvfuse/testing/alloc_counter.hpp>
+#include <kvfuse/testing/faulty_runtime.hpp>
 #include <kvfuse/device/host_runtime.hpp>
 
 #include <sys/syscall.h>

@@ -3,7 +3,7 @@
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
-#include <kvfuse/detail/alloc_counter.hpp>
+#include <kvfuse/testing/alloc_counter.hpp>
 #include <kvfuse/worker/lane.hpp>
 
 #include <array>

@@ -2,7 +2,7 @@
 #include "tier_test_support.hpp"
 #include <doctest/doctest.h>
 
-#include <kvfuse/tier/delay_tier.hpp>
+#include <kvfuse/testing/delay_tier.hpp>
 #include <kvfuse/tier/memory_tier.hpp>
 
 #include <algorithm>

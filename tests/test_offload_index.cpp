@@ -3,7 +3,8 @@
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
-#include <kvfuse/detail/alloc_counter.hpp>
+#include <kvfuse/testing/index_consistency.hpp>
+#include <kvfuse/testing/alloc_counter.hpp>
 #include <kvfuse/engine/offload_index.hpp>
 
 #include <chrono>
@@ -46,12 +47,12 @@ KvSpec kv_spec(TokenCount hbm, TokenCount end) {
   return kv;
 }
 
-StateLeg leg(std::uint64_t hash, std::uint32_t slot, TokenCount boundary = 512) {
-  return StateLeg{PrefixHash{hash}, SlotId{slot}, boundary, 16, 256};
+StateSpec leg(std::uint64_t hash, std::uint32_t slot, TokenCount boundary = 512) {
+  return StateSpec{boundary, PrefixHash{hash}, SlotId{slot}, 16, 256};
 }
 
 // Admits and dispatches a load; fails the test if refused.
-LoadKey start(Index& index, std::uint64_t request, std::optional<KvSpec> kv, std::optional<StateLeg> st) {
+LoadKey start(Index& index, std::uint64_t request, std::optional<KvSpec> kv, std::optional<StateSpec> st) {
   LoadAdmission a = index.request_load(RequestId{request}, std::move(kv), st);
   REQUIRE_MESSAGE(a.admitted(), to_string(a.refusal()));
   return a.ticket().dispatch().key;
@@ -61,7 +62,7 @@ void check_identity(const Index& index) {
   const IndexStats s = index.stats();
   CHECK(s.dispatched == s.completed + s.failed + s.abandoned + s.outstanding);
   CHECK(s.invariant_violations == 0);
-  const ConsistencyReport rep = index.check_consistency();
+  const kvfuse::testing::ConsistencyReport rep = kvfuse::testing::check_consistency(index);
   CHECK_MESSAGE(rep.ok, rep.problem);
 }
 
@@ -138,16 +139,16 @@ TEST_CASE("R5 stats() audits the identities on every read and counts each failed
   Access::bump_dispatched(h.index);
   CHECK(h.index.stats().invariant_violations == 1);
   CHECK(h.index.stats().invariant_violations == 2);  // every read, no decimation
-  CHECK_FALSE(h.index.check_consistency().ok);
+  CHECK_FALSE(kvfuse::testing::check_consistency(h.index).ok);
   Access::unbump_dispatched(h.index);
   CHECK(h.index.stats().invariant_violations == 2);  // a clean read adds nothing
 
   h.index.note_stored(PrefixHash{1});
   Access::bump_indexed(h.index);  // the counter now disagrees with the LRU length
   CHECK(h.index.stats().invariant_violations == 3);
-  CHECK_FALSE(h.index.check_consistency().ok);
+  CHECK_FALSE(kvfuse::testing::check_consistency(h.index).ok);
   Access::unbump_indexed(h.index);
-  CHECK(h.index.check_consistency().ok);
+  CHECK(kvfuse::testing::check_consistency(h.index).ok);
 }
 
 TEST_CASE("R5 the indexed hashes are LRU-capped with evictions counted as one structure") {
@@ -599,7 +600,7 @@ TEST_CASE("R8 reclaim takes only orphans old enough and oldest first even if the
   REQUIRE(h.index.orphan(c));
   ManualClock::current = t0 + 50s;
   REQUIRE(h.index.orphan(b));
-  CHECK(h.index.check_consistency().ok);
+  CHECK(kvfuse::testing::check_consistency(h.index).ok);
   CHECK(h.index.reclaim(t0 + 40s, 20s) == 1);  // only c (age 30s); a is 10s old
   CHECK(h.released == std::vector<SlotId>{SlotId{3}});
   CHECK(h.index.reclaim(t0 + 60s, 20s) == 1);  // a (30s); b is 10s old
@@ -737,7 +738,7 @@ TEST_CASE("R17 stats() and hash_of and a failing batch visit no entry at any siz
     return h.index.walk_steps() - before;
   };
   CHECK(visits_of([&] { (void)h.index.stats(); }) == 0);
-  const std::uint64_t small_walk = h.index.check_consistency().visited;
+  const std::uint64_t small_walk = kvfuse::testing::check_consistency(h.index).visited;
   CHECK(small_walk >= 2);
 
   constexpr std::uint64_t n = 100'000;
@@ -759,7 +760,7 @@ TEST_CASE("R17 stats() and hash_of and a failing batch visit no entry at any siz
         }) == 0);
   CHECK(visits_of([&] { CHECK(h.index.fail_all(std::span<const LoadKey>(keys.data(), 2048), false) == 2048); }) == 0);
   // The counter is real: the full walk visits every hash and every load entry.
-  const ConsistencyReport big = h.index.check_consistency();
+  const kvfuse::testing::ConsistencyReport big = kvfuse::testing::check_consistency(h.index);
   CHECK(big.ok);
   CHECK(big.visited >= 2 * n);
   CHECK(h.index.stats().invariant_violations == 0);
@@ -778,7 +779,7 @@ TEST_CASE("R19 bad input to the index is refused and leaves every counter and sl
     const char* what;
     std::uint64_t request;
     bool with_kv;
-    std::optional<StateLeg> state;
+    std::optional<StateSpec> state;
     LoadRefusal expected;
   };
   const std::vector<Case> cases = {
@@ -789,8 +790,8 @@ TEST_CASE("R19 bad input to the index is refused and leaves every counter and sl
       {"a slot another load holds", 2, false, leg(2, 1), LoadRefusal::slot_in_use},
       {"no legs at all", 2, false, std::nullopt, LoadRefusal::empty_load},
       {"a boundary off the checkpoint grid", 2, false, leg(1, 2, 500), LoadRefusal::invalid_state_leg},
-      {"a zero chunk size", 2, false, StateLeg{PrefixHash{1}, SlotId{2}, 512, 16, 0}, LoadRefusal::invalid_state_leg},
-      {"a zero block size", 2, false, StateLeg{PrefixHash{1}, SlotId{2}, 512, 0, 256}, LoadRefusal::invalid_state_leg},
+      {"a zero chunk size", 2, false, StateSpec{512, PrefixHash{1}, SlotId{2}, 16, 0}, LoadRefusal::invalid_state_leg},
+      {"a zero block size", 2, false, StateSpec{512, PrefixHash{1}, SlotId{2}, 0, 256}, LoadRefusal::invalid_state_leg},
   };
   for (const Case& c : cases) {
     CAPTURE(c.what);
@@ -907,5 +908,5 @@ TEST_CASE("index: preallocated hashes - drain by visitor - queries on resolved k
   CHECK(index.drain_resolutions([&](const LoadResolution& r) noexcept { seen += r.key == k ? 1 : 0; }) == 1);
   CHECK(seen == 1);
   CHECK(index.pending_resolutions() == 0);
-  CHECK(index.check_consistency().ok);
+  CHECK(kvfuse::testing::check_consistency(index).ok);
 }

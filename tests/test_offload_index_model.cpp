@@ -6,6 +6,7 @@
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
+#include <kvfuse/testing/index_consistency.hpp>
 #include <kvfuse/engine/offload_index.hpp>
 
 #include <algorithm>
@@ -40,7 +41,7 @@ struct Model {
     LoadKey key;
     bool has_kv = false;
     bool has_state = false;
-    StateLeg leg;
+    StateSpec leg;
     bool dispatched = false;
     bool orphaned = false;
     ModelClock::time_point orphaned_at{};
@@ -93,7 +94,7 @@ struct Model {
     return false;
   }
 
-  LoadRefusal admission(std::uint64_t request, bool has_kv, const std::optional<StateLeg>& st) const {
+  LoadRefusal admission(std::uint64_t request, bool has_kv, const std::optional<StateSpec>& st) const {
     if (!has_kv && !st) return LoadRefusal::empty_load;
     if (st) {
       if (st->slot.value >= kSlots) return LoadRefusal::invalid_slot;
@@ -103,19 +104,19 @@ struct Model {
     if (live_of(request) != nullptr) return LoadRefusal::load_in_flight;
     if (st) {
       if (slot_held(st->slot.value)) return LoadRefusal::slot_in_use;
-      if (!indexed(st->hash.value)) return LoadRefusal::hash_not_servable;
+      if (!indexed(st->boundary_hash.value)) return LoadRefusal::hash_not_servable;
     }
     return LoadRefusal::none;
   }
 
-  LoadKey admit(std::uint64_t request, bool has_kv, const std::optional<StateLeg>& st) {
+  LoadKey admit(std::uint64_t request, bool has_kv, const std::optional<StateSpec>& st) {
     Load l;
     l.key = LoadKey{RequestId{request}, Generation{next_generation++}};
     l.has_kv = has_kv;
     if (st) {
       l.has_state = true;
       l.leg = *st;
-      touch(st->hash.value);
+      touch(st->boundary_hash.value);
     }
     loads[l.key.generation.value] = l;
     ++s.dispatched;
@@ -146,7 +147,7 @@ struct Model {
     --s.outstanding;
     if (l.dispatched) --s.in_flight;
     if (l.orphaned) --s.orphaned;
-    if (missed && forget(l.leg.hash.value)) ++s.hashes_retracted;
+    if (missed && forget(l.leg.boundary_hash.value)) ++s.hashes_retracted;
     resolutions.push_back(LoadResolution{k, kind, missed, l.orphaned, l.dispatched});
     if (l.has_state) {
       if (l.orphaned) {
@@ -236,10 +237,10 @@ struct Run {
 
   void op_request(std::uint64_t request) {
     const bool has_kv = chance(0.6);
-    std::optional<StateLeg> st;
+    std::optional<StateSpec> st;
     std::optional<std::uint32_t> engine_slot;
     if (!has_kv || chance(0.6)) {
-      StateLeg leg{PrefixHash{pick(kHashes)}, SlotId{0}, 16 * (1 + pick(64)), 16, 256};
+      StateSpec leg{16 * (1 + pick(64)), PrefixHash{pick(kHashes)}, SlotId{0}, 16, 256};
       const std::uint64_t roll = pick(100);
       if (roll < 80) {
         engine_slot = free_slot();
@@ -283,7 +284,7 @@ struct Run {
     ++model.s.in_flight;
     REQUIRE(req.kv.has_value() == l->has_kv);
     REQUIRE(req.state.has_value() == l->has_state);
-    if (l->has_state) REQUIRE(*req.state == l->leg.spec());
+    if (l->has_state) REQUIRE(*req.state == l->leg);
   }
 
   void op_drop_ticket(bool explicit_abandon) {
@@ -481,7 +482,7 @@ struct Run {
     REQUIRE(got.invariant_violations == 0);
     REQUIRE(got == model.s);
     if (step % 32 == 0) {
-      const ConsistencyReport rep = index.check_consistency();
+      const kvfuse::testing::ConsistencyReport rep = kvfuse::testing::check_consistency(index);
       REQUIRE_MESSAGE(rep.ok, rep.problem);
       std::vector<std::uint64_t> order;
       index.for_each_indexed([&](PrefixHash h) { order.push_back(h.value); });
@@ -532,7 +533,7 @@ TEST_CASE("model: 10^5 random operations agree with the reference model at every
   CHECK(s.orphaned == 0);
   CHECK(s.invariant_violations == 0);
   CHECK(s.dispatched == s.completed + s.failed + s.abandoned);
-  CHECK(run.index.check_consistency().ok);
+  CHECK(kvfuse::testing::check_consistency(run.index).ok);
   // The run exercised every path it claims to.
   CHECK(s.completed > 1000);
   CHECK(s.failed > 1000);

@@ -2,6 +2,7 @@
 // TpQuorum, the OffloadIndex and the SettlementPump. Every byte a load writes into blocks
 // and slots is checked against what the forward wrote before the save.
 #include "connector_harness.hpp"
+#include <kvfuse/testing/index_consistency.hpp>
 
 #include <filesystem>
 #include <random>
@@ -116,8 +117,8 @@ void run_preset(const std::filesystem::path& dir = {}) {
   std::vector<BlockId> load_blocks = block_range(32, prompt / geo.block_tokens);
   std::swap(load_blocks[3], load_blocks[9]);  // runs of consecutive ids are coalesced; these are not
   KvSpec kv{0, prompt, keys, load_blocks};
-  std::optional<StateLeg> state;
-  if constexpr (Conn::has_state) state = StateLeg{state_hash, SlotId{2}, boundary, geo.block_tokens, geo.chunk_tokens};
+  std::optional<StateSpec> state;
+  if constexpr (Conn::has_state) state = StateSpec{boundary, state_hash, SlotId{2}, geo.block_tokens, geo.chunk_tokens};
   LoadAdmission admission = engine.index.request_load(RequestId{1}, kv, state);
   REQUIRE(admission.admitted());
   const LoadRequest request = admission.ticket().dispatch();
@@ -152,7 +153,7 @@ void run_preset(const std::filesystem::path& dir = {}) {
   CHECK(stats.completed == 1);
   CHECK(stats.failed == 1);
   CHECK(engine.released_slots.empty());  // no slot is held by the index, none released twice
-  CHECK(engine.index.check_consistency().ok);
+  CHECK(kvfuse::testing::check_consistency(engine.index).ok);
   CHECK(engine.pump.stats().group.pending == 0);
 }
 
@@ -288,7 +289,7 @@ TEST_CASE("R18 after a restart the index is re-seeded from the tiers and KV and 
 
   const auto load_blocks = block_range(40, prompt / geo.block_tokens);
   LoadAdmission a = engine.index.request_load(RequestId{5}, KvSpec{0, prompt, keys, load_blocks},
-                                              StateLeg{state_hash, SlotId{3}, boundary, geo.block_tokens, geo.chunk_tokens});
+                                              StateSpec{boundary, state_hash, SlotId{3}, geo.block_tokens, geo.chunk_tokens});
   REQUIRE(a.admitted());
   const LoadRequest request = a.ticket().dispatch();
   for (auto& rank : ranks) rank->conn.load(request);

@@ -1,7 +1,7 @@
 // The merge: TpQuorum, SingleRank and the SettlementPump that feeds an index (R2, R3, R4).
 #include <doctest/doctest.h>
 
-#include <kvfuse/completion/completion_guard.hpp>
+#include <kvfuse/worker/completion_guard.hpp>
 #include <kvfuse/completion/settlement_pump.hpp>
 #include <kvfuse/completion/single_rank.hpp>
 #include <kvfuse/completion/tp_quorum.hpp>
@@ -620,7 +620,7 @@ TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint lo
 
   // A joint load of it: rank 0 restores, rank 1's tier genuinely misses.
   KvSpec kv{0, 256, {PrefixHash{1}}, {BlockId{0}}};
-  LoadAdmission admission = index.request_load(RequestId{5}, kv, StateLeg{PrefixHash{42}, SlotId{1}, 256, 16, 256});
+  LoadAdmission admission = index.request_load(RequestId{5}, kv, StateSpec{256, PrefixHash{42}, SlotId{1}, 16, 256});
   REQUIRE(admission.admitted());
   const LoadRequest req = admission.ticket().dispatch();
   CHECK(index.is_outstanding(req.key));

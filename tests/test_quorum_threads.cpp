@@ -4,7 +4,7 @@
 // Built and run under TSan too.
 #include <doctest/doctest.h>
 
-#include <kvfuse/completion/completion_guard.hpp>
+#include <kvfuse/worker/completion_guard.hpp>
 #include <kvfuse/completion/settlement_pump.hpp>
 #include <kvfuse/completion/tp_quorum.hpp>
 

@@ -1,7 +1,7 @@
 // Records: the documented byte layout, round trips, and refusal of corrupt input.
 #include <doctest/doctest.h>
 
-#include <kvfuse/completion/records.hpp>
+#include <kvfuse/bridge/records.hpp>
 
 #include <array>
 #include <cstddef>

@@ -3,7 +3,7 @@
 // through a full device synchronize. Either way the save happens and reads the final bytes.
 #include <doctest/doctest.h>
 
-#include <kvfuse/device/faulty_runtime.hpp>
+#include <kvfuse/testing/faulty_runtime.hpp>
 #include <kvfuse/device/host_runtime.hpp>
 #include <kvfuse/device/save_fence.hpp>
 

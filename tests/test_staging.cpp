@@ -2,8 +2,8 @@
 // exactly lanes x buffer size standing — counted by the runtime, not just reported.
 #include <doctest/doctest.h>
 
-#include <kvfuse/detail/alloc_counter.hpp>
-#include <kvfuse/device/faulty_runtime.hpp>
+#include <kvfuse/testing/alloc_counter.hpp>
+#include <kvfuse/testing/faulty_runtime.hpp>
 #include <kvfuse/device/host_runtime.hpp>
 #include <kvfuse/worker/staging.hpp>
 

@@ -14,7 +14,7 @@
 #include <optional>
 
 #include <kvfuse/completion/rank_queue.hpp>
-#include <kvfuse/completion/records.hpp>
+#include <kvfuse/bridge/records.hpp>
 
 namespace kvfuse {
 

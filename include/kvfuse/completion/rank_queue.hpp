@@ -30,7 +30,7 @@
 
 #include <boost/lockfree/spsc_queue.hpp>
 
-#include <kvfuse/completion/records.hpp>
+#include <kvfuse/bridge/records.hpp>
 #include <kvfuse/error.hpp>
 
 #if defined(__x86_64__) || defined(__i386__)

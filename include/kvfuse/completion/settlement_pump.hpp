@@ -29,8 +29,8 @@
 #include <vector>
 
 #include <kvfuse/completion/group.hpp>
-#include <kvfuse/completion/records.hpp>
-#include <kvfuse/engine/offload_index.hpp>
+#include <kvfuse/bridge/records.hpp>
+#include <kvfuse/bridge/resolution.hpp>
 
 namespace kvfuse {
 

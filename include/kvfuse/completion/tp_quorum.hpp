@@ -31,7 +31,7 @@
 #include <kvfuse/completion/detail/quorum_table.hpp>
 #include <kvfuse/completion/group.hpp>
 #include <kvfuse/completion/rank_queue.hpp>
-#include <kvfuse/completion/records.hpp>
+#include <kvfuse/bridge/records.hpp>
 #include <kvfuse/error.hpp>
 
 namespace kvfuse {

@@ -18,7 +18,7 @@
 #include <utility>
 
 #include <kvfuse/engine/connector_names.hpp>
-#include <kvfuse/engine/ids.hpp>
+#include <kvfuse/bridge/ids.hpp>
 
 namespace kvfuse {
 

@@ -1,5 +1,6 @@
-// kvfuse/engine/offload_index.hpp — OffloadIndex, the engine side's one owner (R5), and
-// LoadTicket, the move-only handle a load admission returns (R6).
+// kvfuse/engine/offload_index.hpp — OffloadIndex, the engine side's one owner (R5).
+// Its tickets are in engine/tickets.hpp, its options and stats in engine/index_options.hpp,
+// and the full consistency walk (tests only) in testing/index_consistency.hpp.
 //
 // OffloadIndex alone owns the indexed state hashes (an LRU-capped set), every outstanding
 // load (KV-only, joint and state-only alike), the slots held for orphaned loads, and the
@@ -25,210 +26,19 @@
 #include <utility>
 #include <vector>
 
-#include <kvfuse/completion/records.hpp>
-#include <kvfuse/engine/capability.hpp>
+#include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/bridge/load_request.hpp>
+#include <kvfuse/bridge/records.hpp>
+#include <kvfuse/bridge/resolution.hpp>
+#include <kvfuse/bridge/save_request.hpp>
 #include <kvfuse/engine/detail/flat_index_map.hpp>
 #include <kvfuse/engine/detail/lru_hash_set.hpp>
-#include <kvfuse/engine/ids.hpp>
-#include <kvfuse/engine/load_request.hpp>
-#include <kvfuse/engine/store_request.hpp>
+#include <kvfuse/engine/index_options.hpp>
+#include <kvfuse/engine/tickets.hpp>
 #include <kvfuse/error.hpp>
 
+
 namespace kvfuse {
-
-/// The clock policy of OffloadIndex: a type with `time_point`, `duration` and a static
-/// `now()`, like the std::chrono clocks. Tests use a manual clock whose now() they set.
-template <class C>
-concept IndexClock = requires {
-  typename C::time_point;
-  typename C::duration;
-  { C::now() } -> std::convertible_to<typename C::time_point>;
-} && requires(typename C::time_point a, typename C::time_point b, typename C::duration d) {
-  { a - b } -> std::convertible_to<typename C::duration>;
-  { d < d } -> std::convertible_to<bool>;
-  { C::duration::zero() } -> std::convertible_to<typename C::duration>;
-};
-
-/// Why request_load refused. A refusal changes no counter but `refused`, no slot and no
-/// LRU order. Checked in this order; the first that applies is reported.
-enum class LoadRefusal : std::uint8_t {
-  none = 0,           ///< not refused (an admission)
-  empty_load,         ///< neither a KV spec nor a state leg: nothing to load
-  role_cannot_load,   ///< the configured role never loads (OffloadIndexOptions::can_load is false)
-  no_state_tier,      ///< a state leg, but there is no state tier (OffloadIndexOptions::state_tier)
-  invalid_slot,       ///< the state leg's slot is outside [0, slot_count)
-  invalid_state_leg,  ///< zero block_tokens or chunk_tokens, or a boundary off the checkpoint grid
-  load_in_flight,     ///< this request already has a live (non-orphaned) load outstanding
-  slot_in_use,        ///< another outstanding load (live or orphaned) holds the slot
-  hash_not_servable,  ///< the state hash is not indexed (never stored, retracted or evicted)
-  out_of_memory,      ///< the index could not grow its tables; nothing changed
-};
-
-/// Short, stable name of a LoadRefusal ("hash_not_servable", ...). Thread-safe, noexcept.
-constexpr std::string_view to_string(LoadRefusal r) noexcept {
-  switch (r) {
-    case LoadRefusal::none: return "none";
-    case LoadRefusal::empty_load: return "empty_load";
-    case LoadRefusal::role_cannot_load: return "role_cannot_load";
-    case LoadRefusal::no_state_tier: return "no_state_tier";
-    case LoadRefusal::invalid_slot: return "invalid_slot";
-    case LoadRefusal::invalid_state_leg: return "invalid_state_leg";
-    case LoadRefusal::load_in_flight: return "load_in_flight";
-    case LoadRefusal::slot_in_use: return "slot_in_use";
-    case LoadRefusal::hash_not_servable: return "hash_not_servable";
-    case LoadRefusal::out_of_memory: return "out_of_memory";
-  }
-  return "unknown_refusal";
-}
-
-/// The state half of a load as the engine asks for it: which checkpoint, into which slot,
-/// and the grids the engine used. dispatch() turns it into the StateSpec ranks receive.
-struct StateLeg {
-  PrefixHash hash;                   ///< tier key of the checkpoint; must be indexed
-  SlotId slot;                       ///< destination slot; owned by the live request
-  TokenCount boundary_tokens = 0;    ///< B, on the checkpoint grid
-  std::uint32_t block_tokens = 16;   ///< the engine's checkpoint grid (> 0)
-  std::uint32_t chunk_tokens = 256;  ///< the engine's chunk grid (> 0)
-
-  /// The StateSpec ranks receive for this leg. Thread-safe, noexcept.
-  [[nodiscard]] constexpr StateSpec spec() const noexcept {
-    return StateSpec{boundary_tokens, hash, slot, block_tokens, chunk_tokens};
-  }
-  friend constexpr bool operator==(const StateLeg&, const StateLeg&) = default;
-};
-
-/// Why request_save refused. A refusal changes no counter but `saves_refused`.
-enum class SaveRefusal : std::uint8_t {
-  none = 0,        ///< not refused (an admission)
-  out_of_memory,   ///< the index could not grow its save table; nothing changed
-};
-
-/// Short, stable name of a SaveRefusal. Thread-safe, noexcept.
-constexpr std::string_view to_string(SaveRefusal r) noexcept {
-  switch (r) {
-    case SaveRefusal::none: return "none";
-    case SaveRefusal::out_of_memory: return "out_of_memory";
-  }
-  return "unknown_refusal";
-}
-
-/// How a load ended.
-enum class Resolution : std::uint8_t {
-  completed,  ///< settled ok
-  failed,     ///< settled not ok (state_missed says whether the hash was retracted)
-  abandoned,  ///< abandoned: by the ticket (explicitly or dropped) or by key; never retracts
-  reclaimed,  ///< an orphan reclaimed after its timeout; counted as abandoned too
-};
-
-/// Short, stable name of a Resolution. Thread-safe, noexcept.
-constexpr std::string_view to_string(Resolution r) noexcept {
-  switch (r) {
-    case Resolution::completed: return "completed";
-    case Resolution::failed: return "failed";
-    case Resolution::abandoned: return "abandoned";
-    case Resolution::reclaimed: return "reclaimed";
-  }
-  return "unknown_resolution";
-}
-
-/// One resolved load, as the scheduler drains it: the single event that unparks (or
-/// forgets) the request. Every admission yields exactly one.
-struct LoadResolution {
-  LoadKey key;
-  Resolution kind = Resolution::completed;
-  bool state_missed = false;  ///< failed with a genuine state miss: the hash was retracted
-  bool orphaned = false;      ///< the request was already torn down; its slot went back via the release callback
-  bool dispatched = false;    ///< a LoadRequest was handed out (false: the ticket was abandoned or dropped)
-  friend constexpr bool operator==(const LoadResolution&, const LoadResolution&) = default;
-};
-
-/// Construction options of OffloadIndex. See index_options_for() to derive them from a
-/// Capability.
-struct OffloadIndexOptions {
-  /// Most state hashes indexed at once; the least recently used is evicted beyond it.
-  /// Must be in [1, 2^31]; construction throws Error(invalid_argument) naming it otherwise.
-  std::size_t hash_capacity = std::size_t{1} << 20;
-  /// Size of the engine's state slot pool: a state leg's slot must be < slot_count.
-  /// At most 2^24 (the index keeps one word per slot); 0 means no state legs at all.
-  std::uint32_t slot_count = 0;
-  /// False: this role never loads; every request_load is refused with role_cannot_load.
-  bool can_load = true;
-  /// False: there is no state tier; a load with a state leg is refused with no_state_tier.
-  bool state_tier = true;
-  /// Allocate the whole hash table at construction, so note_stored never allocates.
-  bool preallocate_hashes = false;
-  /// The last generation an earlier incarnation issued: generations continue after it.
-  Generation last_issued{};
-};
-
-/// Options for an engine with the given capability and slot pool: loads only where the
-/// role loads, state legs only where the state tier exists. Thread-safe.
-inline OffloadIndexOptions index_options_for(const Capability& cap, std::uint32_t slot_count) {
-  OffloadIndexOptions o;
-  o.slot_count = slot_count;
-  o.can_load = cap.kv_can_load;
-  o.state_tier = cap.can_load;
-  return o;
-}
-
-/// Returns a torn-down request's slot to the engine's allocator. OffloadIndex calls it
-/// exactly once per orphaned state-leg load, on the scheduler thread, after its own state
-/// is updated. It must not call back into the index. It should not throw: an exception is
-/// caught, counted in IndexStats::slot_release_errors, and the slot counts as released.
-using SlotRelease = std::function<void(SlotId)>;
-
-/// One load reported by OffloadIndex::report_overdue: in flight for at least the threshold.
-struct OverdueLoad {
-  LoadKey key;
-  std::chrono::nanoseconds age{};  ///< time since dispatch()
-  bool orphaned = false;           ///< its request was torn down (reclaim will age it out)
-};
-
-/// Every counter of the index, read in O(1) by OffloadIndex::stats().
-///
-/// Identities audited on every read: dispatched == completed + failed + abandoned +
-/// outstanding; reclaimed <= abandoned; outstanding == entries in the key table;
-/// in_flight == length of the dispatch-ordered list; indexed == hashes in the buckets ==
-/// LRU length; orphaned == orphan list length; saves_issued == saves_stored +
-/// saves_failed + saves_abandoned + saves_outstanding.
-struct IndexStats {
-  std::uint64_t dispatched = 0;    ///< admissions (tickets issued), counted at request_load
-  std::uint64_t in_flight = 0;     ///< outstanding loads whose ticket was dispatched
-  std::uint64_t completed = 0;
-  std::uint64_t failed = 0;
-  std::uint64_t abandoned = 0;     ///< includes ticket drops and reclaims
-  std::uint64_t reclaimed = 0;     ///< orphans reclaimed after the timeout (also in abandoned)
-  std::uint64_t outstanding = 0;   ///< admitted, not yet resolved (ticket alive, or in flight)
-  std::uint64_t orphaned = 0;      ///< outstanding loads whose request was torn down
-  std::uint64_t late_reports = 0;  ///< settlements (load or save) for unknown/settled/reclaimed keys
-  std::uint64_t refused = 0;       ///< request_load refusals
-  std::uint64_t indexed = 0;       ///< state hashes currently indexed
-  std::uint64_t hashes_evicted = 0;    ///< evicted by the LRU cap
-  std::uint64_t hashes_retracted = 0;  ///< forgotten because a load reported a genuine miss
-  std::uint64_t hashes_dropped = 0;    ///< not indexed for lack of memory
-  std::uint64_t slots_released = 0;    ///< orphan slots returned through the release callback
-  std::uint64_t slot_release_errors = 0;  ///< release callbacks that threw
-  std::uint64_t invariant_violations = 0;  ///< stats() reads whose audit failed
-  std::uint64_t overdue = 0;           ///< loads the last report_overdue() found in flight past its threshold
-  std::uint64_t saves_issued = 0;      ///< save tickets issued by request_save
-  std::uint64_t saves_released = 0;    ///< saves whose source every rank released (early block release)
-  std::uint64_t saves_stored = 0;      ///< saves every rank stored
-  std::uint64_t saves_failed = 0;      ///< saves some rank did not store
-  std::uint64_t saves_abandoned = 0;   ///< save tickets dropped or abandoned undispatched
-  std::uint64_t saves_outstanding = 0; ///< save tickets alive or saves in flight
-  std::uint64_t saves_refused = 0;     ///< request_save refusals
-  friend constexpr bool operator==(const IndexStats&, const IndexStats&) = default;
-};
-
-/// Result of OffloadIndex::check_consistency().
-struct ConsistencyReport {
-  bool ok = true;
-  std::string problem;        ///< the first inconsistency found; empty when ok
-  std::uint64_t visited = 0;  ///< entries, nodes and table slots the walk visited
-};
-
-template <class Clock>
-class OffloadIndex;
 
 namespace detail {
 /// Test hook, declared and never defined here: a test specialises it for a tag type of its
@@ -236,199 +46,15 @@ namespace detail {
 /// Engines have no use for it.
 template <class Tag>
 struct OffloadIndexAccess;
-
-/// The index side of a ticket. Private to OffloadIndex; a ticket calls back through it.
-class TicketSink {
- public:
-  virtual std::optional<StateSpec> ticket_dispatch(std::uint32_t entry, LoadKey key) noexcept = 0;
-  virtual void ticket_abandon(std::uint32_t entry, LoadKey key) noexcept = 0;
-  virtual bool save_ticket_dispatch(StoreKey key) noexcept = 0;
-  virtual void save_ticket_abandon(StoreKey key) noexcept = 0;
-
- protected:
-  TicketSink() = default;
-  TicketSink(const TicketSink&) = default;
-  TicketSink& operator=(const TicketSink&) = default;
-  ~TicketSink() = default;
-};
 }  // namespace detail
-
-/// A move-only claim on one admitted load (R6). Consumed by exactly one of dispatch() or
-/// abandon(); destroyed unconsumed, it abandons itself, so a path that forgot the load
-/// still produces a resolution the scheduler drains. While a ticket is alive its load is
-/// counted in `dispatched` and `outstanding`, so the R5 identity holds at every instant.
-///
-/// Not thread-safe: scheduler thread only. The OffloadIndex that issued it must outlive it.
-class LoadTicket {
- public:
-  /// An empty ticket (holds no load). noexcept.
-  LoadTicket() noexcept = default;
-  LoadTicket(const LoadTicket&) = delete;
-  LoadTicket& operator=(const LoadTicket&) = delete;
-  /// Moves the claim; `other` becomes empty. Scheduler thread only; noexcept.
-  LoadTicket(LoadTicket&& other) noexcept
-      : sink_(std::exchange(other.sink_, nullptr)), entry_(other.entry_), key_(other.key_), kv_(std::move(other.kv_)) {
-    other.kv_.reset();
-  }
-  /// Abandons the load this ticket holds (if any), then takes `other`'s claim.
-  /// Scheduler thread only; noexcept.
-  LoadTicket& operator=(LoadTicket&& other) noexcept {
-    if (this != &other) {
-      abandon();
-      sink_ = std::exchange(other.sink_, nullptr);
-      entry_ = other.entry_;
-      key_ = other.key_;
-      kv_ = std::move(other.kv_);
-      other.kv_.reset();
-    }
-    return *this;
-  }
-  /// Abandons the load if the ticket was never consumed (R6). Scheduler thread only.
-  ~LoadTicket() { abandon(); }
-
-  /// Whether the ticket still holds an unconsumed load. Scheduler thread only; noexcept.
-  [[nodiscard]] bool valid() const noexcept { return sink_ != nullptr; }
-  explicit operator bool() const noexcept { return valid(); }
-
-  /// The key of the load this ticket was issued for; still readable after it is consumed.
-  /// LoadKey{} for a default-constructed ticket. Scheduler thread only; noexcept.
-  [[nodiscard]] LoadKey key() const noexcept { return key_; }
-
-  /// Consumes the ticket: the load becomes in flight (the index now accepts reports for
-  /// its key) and the plain-data LoadRequest to ship to every rank is returned. The KV
-  /// spec is moved, never copied. On an empty ticket it returns a LoadRequest with no leg
-  /// and an unissued key, which every rank refuses and the index treats as late.
-  /// Scheduler thread only; noexcept; O(1), never allocates.
-  [[nodiscard]] LoadRequest dispatch() noexcept {
-    LoadRequest req;
-    if (sink_ == nullptr) return req;
-    req.key = key_;
-    req.state = std::exchange(sink_, nullptr)->ticket_dispatch(entry_, key_);
-    req.kv = std::move(kv_);
-    kv_.reset();
-    return req;
-  }
-
-  /// Consumes the ticket without dispatching: the load resolves as abandoned (never a
-  /// miss, R7) and the resolution is queued for the scheduler. No-op on an empty ticket.
-  /// Scheduler thread only; noexcept; O(1).
-  void abandon() noexcept {
-    if (sink_ == nullptr) return;
-    kv_.reset();
-    std::exchange(sink_, nullptr)->ticket_abandon(entry_, key_);
-  }
-
- private:
-  template <class Clock>
-  friend class OffloadIndex;
-
-  LoadTicket(detail::TicketSink* sink, std::uint32_t entry, LoadKey key, std::optional<KvSpec>&& kv) noexcept
-      : sink_(sink), entry_(entry), key_(key), kv_(std::move(kv)) {}
-
-  detail::TicketSink* sink_ = nullptr;
-  std::uint32_t entry_ = detail::npos32;
-  LoadKey key_{};
-  std::optional<KvSpec> kv_;
-};
-
-/// A move-only claim on one admitted save (DESIGN section 5): the save a rank will run,
-/// with the key the index issued. Consumed by exactly one of dispatch() (which yields the
-/// save to ship to every rank; from then on the index accepts its records) or abandon();
-/// destroyed unconsumed, it abandons itself. A save cannot reach a rank unannounced: its
-/// key exists only through a ticket. `Save` is KvSave or StateStore.
-///
-/// Not thread-safe: scheduler thread only. The OffloadIndex that issued it must outlive it.
-template <class Save>
-class SaveTicket {
- public:
-  /// An empty ticket. noexcept.
-  SaveTicket() noexcept = default;
-  SaveTicket(const SaveTicket&) = delete;
-  SaveTicket& operator=(const SaveTicket&) = delete;
-  /// Moves the claim; `other` becomes empty. noexcept.
-  SaveTicket(SaveTicket&& other) noexcept : sink_(std::exchange(other.sink_, nullptr)), save_(std::move(other.save_)) {}
-  /// Abandons the save this ticket holds (if any), then takes `other`'s claim. noexcept.
-  SaveTicket& operator=(SaveTicket&& other) noexcept {
-    if (this != &other) {
-      abandon();
-      sink_ = std::exchange(other.sink_, nullptr);
-      save_ = std::move(other.save_);
-    }
-    return *this;
-  }
-  /// Abandons the save if it was never consumed. Scheduler thread only.
-  ~SaveTicket() { abandon(); }
-
-  /// Whether the ticket still holds an unconsumed save. noexcept.
-  [[nodiscard]] bool valid() const noexcept { return sink_ != nullptr; }
-  explicit operator bool() const noexcept { return valid(); }
-
-  /// The key the index issued (readable after consumption); StoreKey{} when empty. noexcept.
-  [[nodiscard]] StoreKey key() const noexcept { return save_.key; }
-
-  /// Consumes the ticket: the save becomes in flight and is returned (moved) for every
-  /// rank. On an empty ticket it returns a default Save whose key no index accepts.
-  /// Scheduler thread only; noexcept; O(1).
-  [[nodiscard]] Save dispatch() noexcept {
-    if (sink_ == nullptr) return Save{};
-    (void)std::exchange(sink_, nullptr)->save_ticket_dispatch(save_.key);
-    return std::move(save_);
-  }
-
-  /// Consumes the ticket without dispatching: counted in saves_abandoned; nothing is
-  /// indexed. No-op on an empty ticket. Scheduler thread only; noexcept; O(1).
-  void abandon() noexcept {
-    if (sink_ == nullptr) return;
-    std::exchange(sink_, nullptr)->save_ticket_abandon(save_.key);
-  }
-
- private:
-  template <class Clock>
-  friend class OffloadIndex;
-  SaveTicket(detail::TicketSink* sink, Save&& save) noexcept : sink_(sink), save_(std::move(save)) {}
-
-  detail::TicketSink* sink_ = nullptr;
-  Save save_{};
-};
-
-/// What request_load / request_save return: a ticket, or the reason there is none.
-/// Move-only. Dropping an admission whose ticket was not taken drops (and so abandons) the
-/// ticket. Not thread-safe: scheduler thread only, like the ticket it holds.
-template <class Ticket, class Refusal>
-class [[nodiscard]] Admission {
- public:
-  /// A refusal. noexcept.
-  explicit Admission(Refusal refusal) noexcept : refusal_(refusal) {}
-  /// An admission. noexcept.
-  explicit Admission(Ticket&& ticket) noexcept : ticket_(std::move(ticket)) {}
-
-  /// Whether a ticket was issued. noexcept.
-  [[nodiscard]] bool admitted() const noexcept { return refusal_ == Refusal::none; }
-  explicit operator bool() const noexcept { return admitted(); }
-  /// The refusal reason; Refusal::none when admitted. noexcept.
-  [[nodiscard]] Refusal refusal() const noexcept { return refusal_; }
-  /// The ticket (empty when refused, or once taken). noexcept.
-  [[nodiscard]] Ticket& ticket() noexcept { return ticket_; }
-  /// Moves the ticket out. noexcept.
-  [[nodiscard]] Ticket take_ticket() noexcept { return std::move(ticket_); }
-
- private:
-  Ticket ticket_;
-  Refusal refusal_ = Refusal::none;
-};
-
-/// What request_load returns.
-using LoadAdmission = Admission<LoadTicket, LoadRefusal>;
-/// What request_save returns.
-template <class Save>
-using SaveAdmission = Admission<SaveTicket<Save>, SaveRefusal>;
 
 /// The engine side's one owner of offload state (R5). See the file comment.
 ///
 /// NOT thread-safe: every member is called from the engine's scheduler thread only.
 /// Neither copyable nor movable (tickets point at it); it must outlive every ticket it
-/// issued. Every member is noexcept except construction, check_consistency() and the
-/// visitor walks (for_each_indexed; drain_resolutions with a visitor that may throw).
+/// issued. Every member is noexcept except construction and the visitor walks
+/// (for_each_indexed; drain_resolutions with a visitor that may throw). The full
+/// consistency walk is testing::check_consistency (testing/index_consistency.hpp).
 ///
 /// Lifecycle of a load:
 ///   request_load ──► ticket ──dispatch()──► in flight ──settle/complete/fail/abandon──► resolved
@@ -443,8 +69,8 @@ using SaveAdmission = Admission<SaveTicket<Save>, SaveRefusal>;
 /// the same source as loads, so one generation orders every key the engine issued.
 ///
 /// Costs: every member is O(1) (amortised where a table grows) except reclaim (O(reclaimed)),
-/// fail_all/settle_all (O(keys)), drain_resolutions (O(drained)), for_each_indexed and
-/// check_consistency (O(everything)). No path on a load, settle or stats() walks a structure.
+/// fail_all/settle_all (O(keys)), drain_resolutions (O(drained)) and for_each_indexed
+/// (O(indexed)). No path on a load, settle or stats() walks a structure (R17).
 template <class Clock = std::chrono::steady_clock>
 class OffloadIndex final : private detail::TicketSink {
   template <class Tag>
@@ -524,7 +150,7 @@ class OffloadIndex final : private detail::TicketSink {
   /// (see LoadRefusal for the order of checks) only `refused` changes.
   /// Scheduler thread only; noexcept; O(1) amortised (allocates only when a table grows).
   [[nodiscard]] LoadAdmission request_load(RequestId request, std::optional<KvSpec> kv,
-                                           std::optional<StateLeg> state) noexcept {
+                                           std::optional<StateSpec> state) noexcept {
     const LoadRefusal why = admission_check(request, kv.has_value(), state);
     if (why != LoadRefusal::none) return refuse(why);
     std::uint32_t e = free_entry_;
@@ -558,7 +184,7 @@ class OffloadIndex final : private detail::TicketSink {
       en.has_state = true;
       en.leg = *state;
       slot_owner_[state->slot.value] = e;
-      hashes_.touch(state->hash);
+      hashes_.touch(state->boundary_hash);
     }
     keys_.insert(key.generation, e);
     requests_.insert(request, e);
@@ -747,7 +373,7 @@ class OffloadIndex final : private detail::TicketSink {
   [[nodiscard]] std::optional<PrefixHash> hash_of(LoadKey key) const noexcept {
     const std::uint32_t e = find_entry(key);
     if (e == detail::npos32 || !entries_[e].has_state) return std::nullopt;
-    return entries_[e].leg.hash;
+    return entries_[e].leg.boundary_hash;
   }
 
   /// The destination slot of an outstanding load; empty for a KV-only, unknown or resolved
@@ -865,122 +491,7 @@ class OffloadIndex final : private detail::TicketSink {
     return s;
   }
 
-  /// Walks every structure and checks it against the counters: the hash buckets and the
-  /// LRU list agree, every outstanding entry is in the key table under its own key, every
-  /// live load is the one its request maps to, no slot is held by two loads and every
-  /// state-leg load (orphans included) holds its slot, the orphan list holds exactly the
-  /// orphans in orphan-time order, and every counter matches the entries. For tests only:
-  /// O(everything), allocates. Scheduler thread only.
-  [[nodiscard]] ConsistencyReport check_consistency() const {
-    const std::uint64_t before = walk_steps();
-    ConsistencyReport rep;
-    auto fail_with = [&](std::string what) {
-      if (rep.ok) {
-        rep.ok = false;
-        rep.problem = std::move(what);
-      }
-    };
-    if (std::string p = hashes_.check(); !p.empty()) fail_with("hash set: " + p);
-    if (hashes_.size() != indexed_) fail_with("indexed counter disagrees with the hash set");
-
-    std::uint64_t ticketed = 0, in_flight = 0, orphans = 0, live = 0, with_state = 0;
-    for (std::uint32_t e = 0; e < entries_.size(); ++e) {
-      ++own_walks_;
-      const Entry& en = entries_[e];
-      if (en.status == Status::free) continue;
-      (en.status == Status::ticketed ? ticketed : in_flight) += 1;
-      if (keys_.find(en.key.generation) != e) fail_with("an outstanding load is not in the key table: " + to_string(en.key));
-      if (en.orphaned) {
-        ++orphans;
-        if (en.status != Status::in_flight) fail_with("an orphan that was never dispatched: " + to_string(en.key));
-        if (requests_.find(en.key.request) == e) fail_with("an orphan still blocks its request: " + to_string(en.key));
-      } else {
-        ++live;
-        if (requests_.find(en.key.request) != e) fail_with("a live load is not its request's load: " + to_string(en.key));
-      }
-      if (en.has_state) {
-        ++with_state;
-        if (en.leg.slot.value >= slot_owner_.size() || slot_owner_[en.leg.slot.value] != e)
-          fail_with("a state-leg load does not hold its slot: " + to_string(en.key));
-      }
-    }
-    std::uint64_t held_slots = 0;
-    for (const std::uint32_t owner : slot_owner_) {
-      ++own_walks_;
-      if (owner == detail::npos32) continue;
-      ++held_slots;
-      if (owner >= entries_.size() || entries_[owner].status == Status::free || !entries_[owner].has_state)
-        fail_with("a slot is held by no outstanding state-leg load");
-    }
-    // Each state-leg load points at its own slot and each held slot points back at one
-    // load, so equal counts mean no slot is held twice.
-    if (held_slots != with_state) fail_with("slots held twice or leaked: held slots != state-leg loads");
-    keys_.for_each([&](Generation g, std::uint32_t e) {
-      if (e >= entries_.size() || entries_[e].status == Status::free || entries_[e].key.generation != g)
-        fail_with("the key table names a resolved load");
-    });
-    requests_.for_each([&](RequestId r, std::uint32_t e) {
-      if (e >= entries_.size() || entries_[e].status == Status::free || entries_[e].orphaned || entries_[e].key.request != r)
-        fail_with("the request table names a resolved or orphaned load");
-    });
-    std::uint64_t listed = 0;
-    std::uint32_t prev = detail::npos32;
-    for (std::uint32_t e = orphan_head_; e != detail::npos32; e = entries_[e].link_next) {
-      ++own_walks_;
-      if (!entries_[e].orphaned || entries_[e].status != Status::in_flight) fail_with("the orphan list holds a non-orphan");
-      if (entries_[e].link_prev != prev) fail_with("orphan list links disagree");
-      if (prev != detail::npos32 && entries_[e].orphaned_at < entries_[prev].orphaned_at)
-        fail_with("the orphan list is not in orphan-time order");
-      prev = e;
-      if (++listed > entries_.size()) {
-        fail_with("the orphan list has a cycle");
-        break;
-      }
-    }
-    if (prev != orphan_tail_) fail_with("orphan list tail is not the last orphan");
-    std::uint64_t free_entries = 0;
-    for (std::uint32_t e = free_entry_; e != detail::npos32 && free_entries <= entries_.size(); e = entries_[e].link_next) {
-      ++own_walks_;
-      ++free_entries;
-      if (entries_[e].status != Status::free) fail_with("the free list holds an outstanding load");
-    }
-    if (free_entries + ticketed + in_flight != entries_.size()) fail_with("load entries leaked: neither outstanding nor free");
-    if (ticketed + in_flight != outstanding_) fail_with("outstanding counter disagrees with the entries");
-    if (in_flight != in_flight_) fail_with("in_flight counter disagrees with the entries");
-    if (orphans != orphaned_ || listed != orphaned_ || orphan_count_ != orphaned_)
-      fail_with("orphaned counter disagrees with the entries or the orphan list");
-    if (keys_.size() != outstanding_) fail_with("key table size disagrees with outstanding");
-    if (requests_.size() != live) fail_with("request table size disagrees with the live loads");
-    if (dispatched_ != completed_ + failed_ + abandoned_ + outstanding_)
-      fail_with("dispatched != completed + failed + abandoned + outstanding");
-    if (reclaimed_ > abandoned_) fail_with("reclaimed > abandoned");
-    if (saves_issued_ != saves_stored_ + saves_failed_ + saves_abandoned_ + saves_.size())
-      fail_with("saves_issued != saves_stored + saves_failed + saves_abandoned + saves_outstanding");
-    std::uint64_t flying = 0;
-    prev = detail::npos32;
-    for (std::uint32_t e = flight_head_; e != detail::npos32; e = entries_[e].flight_next) {
-      ++own_walks_;
-      if (entries_[e].status != Status::in_flight) fail_with("the in-flight list holds a load that is not in flight");
-      if (entries_[e].flight_prev != prev) fail_with("in-flight list links disagree");
-      if (prev != detail::npos32 && entries_[e].dispatched_at < entries_[prev].dispatched_at)
-        fail_with("the in-flight list is not in dispatch order");
-      prev = e;
-      if (++flying > entries_.size()) {
-        fail_with("the in-flight list has a cycle");
-        break;
-      }
-    }
-    if (prev != flight_tail_) fail_with("in-flight list tail is not the last dispatched load");
-    if (flying != in_flight_ || flight_count_ != in_flight_) fail_with("in_flight counter disagrees with the in-flight list");
-    if (resolutions_.capacity() < resolutions_.size() + outstanding_)
-      fail_with("the resolution queue could need to allocate on a settle path");
-    if (forgotten_.capacity() < forgotten_.size() + outstanding_)
-      fail_with("the forget list could need to allocate on a resolve path");
-    rep.visited = walk_steps() - before;
-    return rep;
-  }
-
-  /// Test-visible count of per-entry visits made by any walk (check_consistency,
+  /// Test-visible count of per-entry visits made by any walk (the consistency walk,
   /// for_each_indexed, table rehashes) since construction. stats() adds nothing to it;
   /// R17's test proves that by counting. Scheduler thread only; noexcept; O(1).
   [[nodiscard]] std::uint64_t walk_steps() const noexcept {
@@ -992,7 +503,7 @@ class OffloadIndex final : private detail::TicketSink {
 
   struct Entry {
     LoadKey key{};
-    StateLeg leg{};
+    StateSpec leg{};
     time_point orphaned_at{};
     time_point dispatched_at{};
     std::uint32_t link_prev = detail::npos32;    // orphan list
@@ -1015,7 +526,7 @@ class OffloadIndex final : private detail::TicketSink {
   }
 
   [[nodiscard]] LoadRefusal admission_check(RequestId request, bool has_kv,
-                                            const std::optional<StateLeg>& state) const noexcept {
+                                            const std::optional<StateSpec>& state) const noexcept {
     if (!has_kv && !state) return LoadRefusal::empty_load;
     if (!options_.can_load) return LoadRefusal::role_cannot_load;
     if (state) {
@@ -1027,7 +538,7 @@ class OffloadIndex final : private detail::TicketSink {
     if (requests_.find(request) != detail::npos32) return LoadRefusal::load_in_flight;
     if (state) {
       if (slot_owner_[state->slot.value] != detail::npos32) return LoadRefusal::slot_in_use;
-      if (!hashes_.contains(state->hash)) return LoadRefusal::hash_not_servable;
+      if (!hashes_.contains(state->boundary_hash)) return LoadRefusal::hash_not_servable;
     }
     return LoadRefusal::none;
   }
@@ -1087,7 +598,7 @@ class OffloadIndex final : private detail::TicketSink {
     }
     keys_.erase(en.key.generation);
     if (en.has_state) slot_owner_[slot.value] = detail::npos32;
-    if (missed && forget(en.leg.hash)) ++hashes_retracted_;
+    if (missed && forget(en.leg.boundary_hash)) ++hashes_retracted_;
     resolutions_.push_back(LoadResolution{en.key, kind, missed, en.orphaned, en.status == Status::in_flight});
     en.status = Status::free;
     en.orphaned = false;
@@ -1163,7 +674,7 @@ class OffloadIndex final : private detail::TicketSink {
     flight_link_sorted(e);
     ++in_flight_;
     if (!en.has_state) return std::nullopt;
-    return en.leg.spec();
+    return en.leg;
   }
 
   void ticket_abandon(std::uint32_t e, LoadKey key) noexcept override {

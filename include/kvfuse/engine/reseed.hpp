@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include <kvfuse/engine/ids.hpp>
+#include <kvfuse/bridge/ids.hpp>
 #include <kvfuse/tier/tier.hpp>
 
 namespace kvfuse {

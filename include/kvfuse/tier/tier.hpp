@@ -12,7 +12,7 @@
 #include <span>
 #include <utility>
 
-#include <kvfuse/engine/ids.hpp>
+#include <kvfuse/bridge/ids.hpp>
 
 namespace kvfuse {
 

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include <kvfuse/completion/completion_guard.hpp>
+#include <kvfuse/worker/completion_guard.hpp>
 #include <kvfuse/completion/group.hpp>
 #include <kvfuse/device/host_runtime.hpp>
 #include <kvfuse/device/save_fence.hpp>

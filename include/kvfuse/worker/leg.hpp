@@ -11,10 +11,10 @@
 #include <cstdint>
 #include <span>
 
-#include <kvfuse/completion/records.hpp>
+#include <kvfuse/bridge/records.hpp>
 #include <kvfuse/device/runtime.hpp>
-#include <kvfuse/engine/load_request.hpp>
-#include <kvfuse/engine/store_request.hpp>
+#include <kvfuse/bridge/load_request.hpp>
+#include <kvfuse/bridge/save_request.hpp>
 #include <kvfuse/tier/tier.hpp>
 #include <kvfuse/worker/rank_geometry.hpp>
 

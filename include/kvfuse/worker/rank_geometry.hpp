@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include <kvfuse/engine/ids.hpp>
+#include <kvfuse/bridge/ids.hpp>
 #include <kvfuse/error.hpp>
 
 namespace kvfuse {

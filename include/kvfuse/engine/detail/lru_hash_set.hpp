@@ -16,7 +16,7 @@
 #include <vector>
 
 #include <kvfuse/engine/detail/flat_index_map.hpp>
-#include <kvfuse/engine/ids.hpp>
+#include <kvfuse/bridge/ids.hpp>
 
 namespace kvfuse::detail {
 

@@ -1,4 +1,4 @@
-// kvfuse/tier/delay_tier.hpp — DelayTier: a tier whose gets take a fixed extra time.
+// kvfuse/testing/delay_tier.hpp — DelayTier: a tier whose gets take a fixed extra time.
 //
 // Stands in for a disk or remote fetch in benchmarks and tests: a joint load whose legs are
 // dominated by tier latency should cost max(kv, state), not the sum (R9), and a fixed sleep

@@ -1,9 +1,9 @@
-// kvfuse/engine/store_request.hpp — the plain data of a save, engine to rank (DESIGN section 5).
+// kvfuse/bridge/save_request.hpp — the plain data of a save, engine to rank (DESIGN section 5).
 #pragma once
 
 #include <vector>
 
-#include <kvfuse/engine/ids.hpp>
+#include <kvfuse/bridge/ids.hpp>
 
 namespace kvfuse {
 

@@ -1,4 +1,4 @@
-// kvfuse/detail/alloc_counter.hpp — TEST-ONLY hook that proves "no allocation on the
+// kvfuse/testing/alloc_counter.hpp — TEST-ONLY hook that proves "no allocation on the
 // load path" (R12).
 //
 // This header only declares counters and offers a macro. A test binary that wants to

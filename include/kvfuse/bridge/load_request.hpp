@@ -1,4 +1,4 @@
-// kvfuse/engine/load_request.hpp — the plain data that crosses from engine to rank.
+// kvfuse/bridge/load_request.hpp — the plain data that crosses from engine to rank.
 //
 // A LoadRequest is produced once, by LoadTicket::dispatch, and shipped to every rank by
 // whatever transport the engine uses. It carries only what the ranks need: never the
@@ -9,7 +9,7 @@
 #include <optional>
 #include <vector>
 
-#include <kvfuse/engine/ids.hpp>
+#include <kvfuse/bridge/ids.hpp>
 
 namespace kvfuse {
 

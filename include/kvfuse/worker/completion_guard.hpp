@@ -1,4 +1,4 @@
-// kvfuse/completion/completion_guard.hpp — exactly one record per load and two per save, per rank (R1).
+// kvfuse/worker/completion_guard.hpp — exactly one record per load and two per save, per rank (R1).
 //
 // A load task constructs a CompletionGuard on its first line; a save task a SaveGuard.
 // The destructor emits the one record (a SaveGuard: the two records), on every path out of the scope: a return, an early
@@ -22,8 +22,8 @@
 #include <exception>
 
 #include <kvfuse/completion/group.hpp>
-#include <kvfuse/completion/records.hpp>
-#include <kvfuse/engine/load_request.hpp>
+#include <kvfuse/bridge/records.hpp>
+#include <kvfuse/bridge/load_request.hpp>
 
 namespace kvfuse {
 

@@ -1,4 +1,4 @@
-// kvfuse/device/faulty_runtime.hpp — FaultyRuntime<R>: a Runtime wrapper that fails
+// kvfuse/testing/faulty_runtime.hpp — FaultyRuntime<R>: a Runtime wrapper that fails
 // chosen calls on demand and counts every call. A test hook, shipped as a header so
 // engine developers can drive their own fallback paths the same way kvfuse's tests do
 // (R13: "a runtime whose event creation fails").

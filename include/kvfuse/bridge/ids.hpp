@@ -1,4 +1,4 @@
-// kvfuse/engine/ids.hpp — the identifiers every other header speaks in.
+// kvfuse/bridge/ids.hpp — the identifiers every other header speaks in.
 //
 // Each is a distinct strong type around an integer so a request id can never be passed
 // where a generation is expected. All are trivially copyable, totally ordered and hashable,

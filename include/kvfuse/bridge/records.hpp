@@ -1,4 +1,4 @@
-// kvfuse/completion/records.hpp — what a rank reports back: one record per load, two per save.
+// kvfuse/bridge/records.hpp — what a rank reports back: one record per load, two per save.
 //
 // Records are fixed-size and trivially copyable so any transport (SPSC queue, shared
 // memory, RPC) can carry them. The byte layout is documented beside each struct.
@@ -12,7 +12,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include <kvfuse/engine/ids.hpp>
+#include <kvfuse/bridge/ids.hpp>
 
 namespace kvfuse {
 

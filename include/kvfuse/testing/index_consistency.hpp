@@ -1,0 +1,156 @@
+// kvfuse/testing/index_consistency.hpp — the full consistency walk of an OffloadIndex, for
+// tests only.
+//
+// OffloadIndex::stats() audits its identities in O(1) on every read (R17); this walk is
+// the slow, thorough check behind it: every structure against every counter. It lives
+// here, behind the index's test hook, so the engine-facing class carries no O(everything)
+// member. Scheduler thread only; allocates; O(everything).
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include <kvfuse/engine/offload_index.hpp>
+
+namespace kvfuse {
+
+namespace testing {
+/// Result of testing::check_consistency(index).
+struct ConsistencyReport {
+  bool ok = true;
+  std::string problem;        ///< the first inconsistency found; empty when ok
+  std::uint64_t visited = 0;  ///< entries, nodes and table slots the walk visited
+};
+
+/// The tag through which the walk reaches the index's internals.
+struct ConsistencyWalk {};
+}  // namespace testing
+
+template <>
+struct detail::OffloadIndexAccess<testing::ConsistencyWalk> {
+  template <class Index>
+  static testing::ConsistencyReport walk(const Index& ix) {
+    const std::uint64_t before = ix.walk_steps();
+    testing::ConsistencyReport rep;
+    auto fail_with = [&](std::string what) {
+      if (rep.ok) {
+        rep.ok = false;
+        rep.problem = std::move(what);
+      }
+    };
+    if (std::string p = ix.hashes_.check(); !p.empty()) fail_with("hash set: " + p);
+    if (ix.hashes_.size() != ix.indexed_) fail_with("indexed counter disagrees with the hash set");
+
+    std::uint64_t ticketed = 0, in_flight = 0, orphans = 0, live = 0, with_state = 0;
+    for (std::uint32_t e = 0; e < ix.entries_.size(); ++e) {
+      ++ix.own_walks_;
+      const typename Index::Entry& en = ix.entries_[e];
+      if (en.status == Index::Status::free) continue;
+      (en.status == Index::Status::ticketed ? ticketed : in_flight) += 1;
+      if (ix.keys_.find(en.key.generation) != e) fail_with("an outstanding load is not in the key table: " + to_string(en.key));
+      if (en.orphaned) {
+        ++orphans;
+        if (en.status != Index::Status::in_flight) fail_with("an orphan that was never dispatched: " + to_string(en.key));
+        if (ix.requests_.find(en.key.request) == e) fail_with("an orphan still blocks its request: " + to_string(en.key));
+      } else {
+        ++live;
+        if (ix.requests_.find(en.key.request) != e) fail_with("a live load is not its request's load: " + to_string(en.key));
+      }
+      if (en.has_state) {
+        ++with_state;
+        if (en.leg.slot.value >= ix.slot_owner_.size() || ix.slot_owner_[en.leg.slot.value] != e)
+          fail_with("a state-leg load does not hold its slot: " + to_string(en.key));
+      }
+    }
+    std::uint64_t held_slots = 0;
+    for (const std::uint32_t owner : ix.slot_owner_) {
+      ++ix.own_walks_;
+      if (owner == kvfuse::detail::npos32) continue;
+      ++held_slots;
+      if (owner >= ix.entries_.size() || ix.entries_[owner].status == Index::Status::free || !ix.entries_[owner].has_state)
+        fail_with("a slot is held by no outstanding state-leg load");
+    }
+    // Each state-leg load points at its own slot and each held slot points back at one
+    // load, so equal counts mean no slot is held twice.
+    if (held_slots != with_state) fail_with("slots held twice or leaked: held slots != state-leg loads");
+    ix.keys_.for_each([&](Generation g, std::uint32_t e) {
+      if (e >= ix.entries_.size() || ix.entries_[e].status == Index::Status::free || ix.entries_[e].key.generation != g)
+        fail_with("the key table names a resolved load");
+    });
+    ix.requests_.for_each([&](RequestId r, std::uint32_t e) {
+      if (e >= ix.entries_.size() || ix.entries_[e].status == Index::Status::free || ix.entries_[e].orphaned || ix.entries_[e].key.request != r)
+        fail_with("the request table names a resolved or orphaned load");
+    });
+    std::uint64_t listed = 0;
+    std::uint32_t prev = kvfuse::detail::npos32;
+    for (std::uint32_t e = ix.orphan_head_; e != kvfuse::detail::npos32; e = ix.entries_[e].link_next) {
+      ++ix.own_walks_;
+      if (!ix.entries_[e].orphaned || ix.entries_[e].status != Index::Status::in_flight) fail_with("the orphan list holds a non-orphan");
+      if (ix.entries_[e].link_prev != prev) fail_with("orphan list links disagree");
+      if (prev != kvfuse::detail::npos32 && ix.entries_[e].orphaned_at < ix.entries_[prev].orphaned_at)
+        fail_with("the orphan list is not in orphan-time order");
+      prev = e;
+      if (++listed > ix.entries_.size()) {
+        fail_with("the orphan list has a cycle");
+        break;
+      }
+    }
+    if (prev != ix.orphan_tail_) fail_with("orphan list tail is not the last orphan");
+    std::uint64_t free_entries = 0;
+    for (std::uint32_t e = ix.free_entry_; e != kvfuse::detail::npos32 && free_entries <= ix.entries_.size(); e = ix.entries_[e].link_next) {
+      ++ix.own_walks_;
+      ++free_entries;
+      if (ix.entries_[e].status != Index::Status::free) fail_with("the free list holds an outstanding load");
+    }
+    if (free_entries + ticketed + in_flight != ix.entries_.size()) fail_with("load entries leaked: neither outstanding nor free");
+    if (ticketed + in_flight != ix.outstanding_) fail_with("outstanding counter disagrees with the entries");
+    if (in_flight != ix.in_flight_) fail_with("in_flight counter disagrees with the entries");
+    if (orphans != ix.orphaned_ || listed != ix.orphaned_ || ix.orphan_count_ != ix.orphaned_)
+      fail_with("orphaned counter disagrees with the entries or the orphan list");
+    if (ix.keys_.size() != ix.outstanding_) fail_with("key table size disagrees with outstanding");
+    if (ix.requests_.size() != live) fail_with("request table size disagrees with the live loads");
+    if (ix.dispatched_ != ix.completed_ + ix.failed_ + ix.abandoned_ + ix.outstanding_)
+      fail_with("dispatched != completed + failed + abandoned + outstanding");
+    if (ix.reclaimed_ > ix.abandoned_) fail_with("reclaimed > abandoned");
+    if (ix.saves_issued_ != ix.saves_stored_ + ix.saves_failed_ + ix.saves_abandoned_ + ix.saves_.size())
+      fail_with("saves_issued != saves_stored + saves_failed + saves_abandoned + saves_outstanding");
+    std::uint64_t flying = 0;
+    prev = kvfuse::detail::npos32;
+    for (std::uint32_t e = ix.flight_head_; e != kvfuse::detail::npos32; e = ix.entries_[e].flight_next) {
+      ++ix.own_walks_;
+      if (ix.entries_[e].status != Index::Status::in_flight) fail_with("the in-flight list holds a load that is not in flight");
+      if (ix.entries_[e].flight_prev != prev) fail_with("in-flight list links disagree");
+      if (prev != kvfuse::detail::npos32 && ix.entries_[e].dispatched_at < ix.entries_[prev].dispatched_at)
+        fail_with("the in-flight list is not in dispatch order");
+      prev = e;
+      if (++flying > ix.entries_.size()) {
+        fail_with("the in-flight list has a cycle");
+        break;
+      }
+    }
+    if (prev != ix.flight_tail_) fail_with("in-flight list tail is not the last dispatched load");
+    if (flying != ix.in_flight_ || ix.flight_count_ != ix.in_flight_) fail_with("in_flight counter disagrees with the in-flight list");
+    if (ix.resolutions_.capacity() < ix.resolutions_.size() + ix.outstanding_)
+      fail_with("the resolution queue could need to allocate on a settle path");
+    if (ix.forgotten_.capacity() < ix.forgotten_.size() + ix.outstanding_)
+      fail_with("the forget list could need to allocate on a resolve path");
+    rep.visited = ix.walk_steps() - before;
+    return rep;
+  }
+};
+
+namespace testing {
+
+/// Walks every structure of `index` and checks it against the counters: the hash buckets
+/// and the LRU list agree, every outstanding entry is in the key table under its own key,
+/// every live load is the one its request maps to, no slot is held by two loads and every
+/// state-leg load (orphans included) holds its slot, the orphan and in-flight lists hold
+/// exactly their loads in time order, and every counter matches the entries. Each entry it
+/// visits counts in index.walk_steps(). For tests: O(everything), allocates.
+template <class Clock>
+ConsistencyReport check_consistency(const OffloadIndex<Clock>& index) {
+  return detail::OffloadIndexAccess<ConsistencyWalk>::walk(index);
+}
+
+}  // namespace testing
+}  // namespace kvfuse
