@@ -36,8 +36,8 @@ constexpr std::uint64_t keys_per_batch = 1024;
 struct CountingIndex {
   std::uint64_t settled = 0;
   std::uint64_t saves = 0;
-  bool is_outstanding(LoadKey) const noexcept { return true; }
-  bool is_save_in_flight(StoreKey) const noexcept { return true; }
+  bool is_in_flight(LoadKey) const noexcept { return true; }
+  bool is_save_in_flight(SaveKey) const noexcept { return true; }
   bool settle(const Settlement& s) noexcept {
     benchmark::DoNotOptimize(s.ok);
     ++settled;
@@ -93,7 +93,7 @@ void BM_BareSpscPush(benchmark::State& state) {
 BENCHMARK(BM_BareSpscPush)->UseManualTime();
 
 void BM_LanePush(benchmark::State& state) {
-  RankQueue queue(0, RankQueueConfig{1, push_batch, {}});
+  RankQueue queue(0, RankQueueOptions{1, push_batch, {}});
   LaneEmitter lane = queue.emitter(0);
   Discard discard;
   std::uint64_t key = 0;
@@ -110,8 +110,8 @@ BENCHMARK(BM_LanePush)->UseManualTime();
 
 // ---- drain + merge ------------------------------------------------------------------------
 
-TpQuorumConfig quorum_config(std::uint32_t ranks) {
-  TpQuorumConfig c;
+TpQuorumOptions quorum_config(std::uint32_t ranks) {
+  TpQuorumOptions c;
   c.world_size = ranks;
   c.lanes_per_rank = 1;
   c.lane_capacity = keys_per_batch;
@@ -179,7 +179,7 @@ BENCHMARK(BM_PushDrainMerge)->Arg(1)->Arg(2)->Arg(8);
 void BM_Threaded(benchmark::State& state) {
   const auto ranks = static_cast<std::uint32_t>(state.range(0));
   constexpr std::uint64_t keys = 1 << 16;
-  TpQuorumConfig c = quorum_config(ranks);
+  TpQuorumOptions c = quorum_config(ranks);
   c.lane_capacity = keys;  // room for a whole batch: measures the hand-off, not the back-off
   TpQuorum group(c);
   CountingIndex index;
@@ -205,7 +205,7 @@ BENCHMARK(BM_Threaded)->Arg(1)->Arg(2)->Arg(8)->UseRealTime()->Unit(benchmark::k
 
 /// SingleRank for comparison: no quorum table at all.
 void BM_SingleRankDrain(benchmark::State& state) {
-  SingleRank group(SingleRankConfig{1, keys_per_batch, {}});
+  SingleRank group(SingleRankOptions{1, keys_per_batch, {}});
   CountingIndex index;
   SettlementPump<SingleRank, CountingIndex> pump(group, index);
   LaneEmitter lane = group.emitter(0, 0);

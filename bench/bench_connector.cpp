@@ -22,12 +22,12 @@
 //       load-path bytes/s / memcpy bytes/s for a 64 MiB memory-tier hit, target >= 0.90.
 //       Other rows: threaded streams, OS thread placement.
 //
-// Load times run from the call to Connector::load until the engine thread has drained the
-// load's record from the group, one load at a time (manual time). The engine thread
+// Load times run from the call to Connector::load until the scheduler thread has drained the
+// load's record from the group, one load at a time (manual time). The scheduler thread
 // sleeps while the load runs (BellGroup below), so it takes no CPU from the lanes.
 //
-// one_cpu:1 pins the engine thread and every thread the rig starts (lanes, stream threads)
-// to the CPU the engine thread is on, so the connector's copies and the hand-written (or
+// one_cpu:1 pins the scheduler thread and every thread the rig starts (lanes, stream threads)
+// to the CPU the scheduler thread is on, so the connector's copies and the hand-written (or
 // memcpy) copies run on the same core and the ratio compares the same work. one_cpu:0
 // leaves placement to the OS; on a small VM shared with other work that adds the wake-up
 // of another virtual CPU, and whatever else runs there, to every hand-off.
@@ -191,11 +191,11 @@ struct RecordSink {
 };
 
 /// SingleRank with a doorbell. Each emit pushes into SingleRank's lane queue as usual, then
-/// bumps a counter and wakes the engine thread if it sleeps on it (C++20 atomic wait: a
-/// futex). So the engine thread sleeps while a load runs instead of polling, which on a
+/// bumps a counter and wakes the scheduler thread if it sleeps on it (C++20 atomic wait: a
+/// futex). So the scheduler thread sleeps while a load runs instead of polling, which on a
 /// 2-core machine would take a core from the lanes. The record is still drained from
 /// SingleRank's queue; the doorbell (an atomic add, plus a futex wake while the engine
-/// thread sleeps) and the engine thread's wake-up are charged to the connector.
+/// thread sleeps) and the scheduler thread's wake-up are charged to the connector.
 class BellGroup {
  public:
   /// A SingleRank lane emitter that rings the bell after each record. Lane thread only.
@@ -220,7 +220,7 @@ class BellGroup {
     std::atomic<std::uint32_t>* bell_;
   };
 
-  explicit BellGroup(SingleRankConfig config = {}) : inner_(config) {}
+  explicit BellGroup(SingleRankOptions config = {}) : inner_(config) {}
 
   [[nodiscard]] std::uint32_t world_size() const noexcept { return inner_.world_size(); }
   [[nodiscard]] Emitter emitter(std::uint32_t rank, std::size_t lane) {
@@ -247,7 +247,7 @@ class BellGroup {
   void set_time(std::chrono::steady_clock::time_point now) noexcept { inner_.set_time(now); }
   [[nodiscard]] GroupStats stats() const noexcept { return inner_.stats(); }
 
-  /// Engine thread: drains the record of the one load in flight, sleeping on the bell
+  /// Scheduler thread: drains the record of the one load in flight, sleeping on the bell
   /// until it is there.
   CompletionRecord await_record() noexcept {
     RecordSink sink;
@@ -291,8 +291,8 @@ struct SerialRecurrentState {
     return inner.load(spec, kv, lane);
   }
   template <Runtime R>
-  SaveVerdict store(const StateStore& store, LaneContext<R>& lane) const noexcept {
-    return inner.store(store, lane);
+  SaveVerdict save(const StateSave& save, LaneContext<R>& lane) const noexcept {
+    return inner.save(save, lane);
   }
   static constexpr std::size_t entry_bytes(const RankGeometry& g) noexcept { return RecurrentState<T>::entry_bytes(g); }
 };
@@ -444,7 +444,7 @@ struct DenseRig {
         geo(geometry(token_bytes, chunks)),
         blocks(rt, geo.num_blocks * geo.block_bytes(), true),
         tier(std::size_t{chunks} * geo.chunk_bytes(), rt),
-        group(SingleRankConfig{Dense::lane_count, 4096, {}}),
+        group(SingleRankOptions{Dense::lane_count, 4096, {}}),
         conn(geo, rt, DeviceMemory{blocks.data(), nullptr}, PagedKv<HostTier>(tier), NoState{}, group) {
     KvSpec kv;
     kv.hbm = 0;

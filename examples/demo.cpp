@@ -130,14 +130,14 @@ int main() {
   std::filesystem::remove_all(dir);
 
   HostRuntime runtime;
-  TpQuorum group(TpQuorumConfig{kWorld, Conn::lane_count, 1024});
+  TpQuorum group(TpQuorumOptions{kWorld, Conn::lane_count, 1024});
   std::vector<SlotId> free_slots;
   for (std::uint32_t s = 0; s < geometry(0).num_slots; ++s) free_slots.push_back(SlotId{s});
   std::uint64_t slots_returned_by_index = 0;
-  ConnectorConfig config;
+  EngineOptions config;
   config.connector = " LMCacheConnectorV1 ";  // any registered spelling resolves to the offload connector (R15)
   config.layout = StateLayout::k3_recurrent;
-  check_engine_config(config);
+  check_engine_options(config);
   OffloadIndex<> index(index_options_for(state_tier_capability(config), geometry(0).num_slots), [&](SlotId s) {
     free_slots.push_back(s);
     ++slots_returned_by_index;
@@ -172,16 +172,16 @@ int main() {
     for (auto& rank : ranks) rank->forward(p, ids, s);
     // Saves are ticketed like loads: the index issues the key, so no save reaches a rank
     // unannounced (a refusal would mean the index could not record it: keep the source).
-    auto kv_save = index.request_save(KvSave{StoreKey{p.keys.back(), {}}, p.keys, ids});
-    auto state_save = index.request_save(StateStore{StoreKey{p.state_hash, {}}, s, p.boundary});
+    auto kv_save = index.request_save(KvSave{SaveKey{p.keys.back(), {}}, p.keys, ids});
+    auto state_save = index.request_save(StateSave{SaveKey{p.state_hash, {}}, s, p.boundary});
     if (!kv_save || !state_save) continue;
     const KvSave kv = kv_save.ticket().dispatch();
-    const StateStore st = state_save.ticket().dispatch();
+    const StateSave st = state_save.ticket().dispatch();
     auto compute = runtime.make_stream();
     for (auto& rank : ranks) {
       rank->conn.begin_step(compute);  // saves wait for this step's forward (R13)
       rank->conn.save_kv(kv);
-      rank->conn.store_state(st);
+      rank->conn.save_state(st);
     }
     saves += 2;
     for (auto& rank : ranks) rank->conn.drain();  // the forward of the next prompt reuses the slot
@@ -228,7 +228,7 @@ int main() {
       state = StateSpec{p.boundary, state_hash, *park.slot, geo.block_tokens, geo.chunk_tokens};
     }
     if (shape != 2 && i < kPrompts) {
-      const TokenCount end = ChunkGrid{geo.chunk_tokens}.ceil(p.boundary);
+      const TokenCount end = TokenGrid{geo.chunk_tokens}.ceil(p.boundary);
       // KV-only loads resume above a resident first chunk when there is more to load.
       const TokenCount hbm = shape == 1 && end > geo.chunk_tokens ? geo.chunk_tokens : 0;
       const std::size_t nblocks = (end - hbm) / geo.block_tokens;

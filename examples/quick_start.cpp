@@ -52,11 +52,11 @@ struct Rank {
 
 int main() {
   // Engine side, built once, on the scheduler thread.
-  ConnectorConfig config;
+  EngineOptions config;
   config.connector = "LMCacheConnectorV1";  // any registered spelling of the offload connector
   config.layout = StateLayout::k3_recurrent;
   const Capability capability = state_tier_capability(config);  // PP > 1 with a state tier: Error (R14)
-  TpQuorum group(TpQuorumConfig{kRanks, Rank::Conn::lane_count, 1024});
+  TpQuorum group(TpQuorumOptions{kRanks, Rank::Conn::lane_count, 1024});
   std::vector<SlotId> freed_by_index;
   OffloadIndex<> index(index_options_for(capability, geometry(0).num_slots), [&](SlotId s) { freed_by_index.push_back(s); });
   SettlementPump pump(group, index);
@@ -80,16 +80,16 @@ int main() {
 
   // Save: the index tickets each save; a refusal means it could not record one, and then
   // nothing is dispatched and the source stays with the engine.
-  auto kv_save = index.request_save(KvSave{StoreKey{chunk_keys.back(), {}}, chunk_keys, prefill_blocks});
-  auto state_save = index.request_save(StateStore{StoreKey{checkpoint, {}}, SlotId{0}, boundary});
+  auto kv_save = index.request_save(KvSave{SaveKey{chunk_keys.back(), {}}, chunk_keys, prefill_blocks});
+  auto state_save = index.request_save(StateSave{SaveKey{checkpoint, {}}, SlotId{0}, boundary});
   if (!kv_save || !state_save) return 1;
   const KvSave kv = kv_save.ticket().dispatch();
-  const StateStore state = state_save.ticket().dispatch();
+  const StateSave state = state_save.ticket().dispatch();
   auto compute = runtime.make_stream();
   for (auto& rank : ranks) {
     rank->conn.begin_step(compute);  // the saves wait for this step's forward (R13)
     rank->conn.save_kv(kv);
-    rank->conn.store_state(state);
+    rank->conn.save_state(state);
   }
 
   // The scheduler loop: one pump.step() per step. Sources are freed on `released`.

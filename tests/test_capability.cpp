@@ -15,8 +15,8 @@ using namespace kvfuse;
 
 namespace {
 
-ConnectorConfig single(std::string name, KvRole role, StateLayout layout, std::uint32_t pp = 1) {
-  ConnectorConfig c;
+EngineOptions single(std::string name, KvRole role, StateLayout layout, std::uint32_t pp = 1) {
+  EngineOptions c;
   c.connector = std::move(name);
   c.kv_role = role;
   c.layout = layout;
@@ -24,9 +24,9 @@ ConnectorConfig single(std::string name, KvRole role, StateLayout layout, std::u
   return c;
 }
 
-ConnectorConfig multi(std::string name, std::vector<SubConnectorConfig> subs, StateLayout layout,
+EngineOptions multi(std::string name, std::vector<SubConnectorOptions> subs, StateLayout layout,
                       KvRole role = KvRole::both, std::uint32_t pp = 1) {
-  ConnectorConfig c = single(std::move(name), role, layout, pp);
+  EngineOptions c = single(std::move(name), role, layout, pp);
   c.subs = std::move(subs);
   return c;
 }
@@ -53,8 +53,8 @@ std::string error_of(F&& f, ErrorCode code) {
 TEST_CASE("R14 the capability is decided from config alone with one answer per config") {
   struct Case {
     const char* what;
-    ConnectorConfig cfg;
-    bool can_store, can_load, kv_can_store, kv_can_load;
+    EngineOptions cfg;
+    bool can_save, can_load, kv_can_save, kv_can_load;
     std::string_view reason_mentions;
   };
   const std::vector<Case> cases = {
@@ -83,11 +83,11 @@ TEST_CASE("R14 the capability is decided from config alone with one answer per c
   for (const Case& c : cases) {
     CAPTURE(c.what);
     const Capability cap = state_tier_capability(c.cfg);
-    CHECK(cap.can_store == c.can_store);
+    CHECK(cap.can_save == c.can_save);
     CHECK(cap.can_load == c.can_load);
-    CHECK(cap.kv_can_store == c.kv_can_store);
+    CHECK(cap.kv_can_save == c.kv_can_save);
     CHECK(cap.kv_can_load == c.kv_can_load);
-    CHECK((cap.reason.empty()) == (c.can_store && c.can_load));
+    CHECK((cap.reason.empty()) == (c.can_save && c.can_load));
     CHECK_MESSAGE(contains(cap.reason, c.reason_mentions), cap.reason);
     CHECK(state_tier_capability(c.cfg) == cap);  // deterministic: the same config, the same answer
   }
@@ -97,9 +97,9 @@ TEST_CASE("R14 pipeline parallelism > 1 with a state tier is refused at engine c
   // Both entry points refuse it: the capability is never a quiet "no state tier" for it.
   for (const bool capability : {true, false}) {
     CAPTURE(capability);
-    auto decide = [&](const ConnectorConfig& cfg) {
+    auto decide = [&](const EngineOptions& cfg) {
       if (capability) (void)state_tier_capability(cfg);
-      else check_engine_config(cfg);
+      else check_engine_options(cfg);
     };
     const std::string msg = error_of([&] { decide(single("offload", KvRole::both, StateLayout::k3_recurrent, 2)); },
                                      ErrorCode::unsupported_parallelism);
@@ -216,11 +216,11 @@ TEST_CASE("R15 two offload sub-connectors in one multi are refused at startup in
                                      ErrorCode::duplicate_offload);
     CHECK(contains(msg, names.front()));
     CHECK(contains(msg, names.back()));
-    std::vector<SubConnectorConfig> subs;
+    std::vector<SubConnectorOptions> subs;
     for (const std::string& n : names) subs.push_back({n, std::nullopt});
     error_of([&] { (void)state_tier_capability(multi("MultiConnector", subs, StateLayout::k3_recurrent)); },
              ErrorCode::duplicate_offload);
-    error_of([&] { check_engine_config(multi("multi", subs, StateLayout::none)); }, ErrorCode::duplicate_offload);
+    error_of([&] { check_engine_options(multi("multi", subs, StateLayout::none)); }, ErrorCode::duplicate_offload);
   }
   const std::vector<std::string> fine = {"Mooncake", "lmcache"};
   CHECK(resolve_multi_subs(std::span<const std::string>(fine)) == std::vector<std::string_view>{"mooncake", "offload"});
@@ -232,7 +232,7 @@ TEST_CASE("R15 a multi spelled as an alias still unwraps its offload sub") {
     const Capability cap = state_tier_capability(
         multi(spelling, {{"mooncake", KvRole::producer}, {"LMCacheConnectorV1", KvRole::consumer}}, StateLayout::k3_recurrent));
     CHECK(cap.can_load);
-    CHECK_FALSE(cap.can_store);
+    CHECK_FALSE(cap.can_save);
     CHECK(cap.kv_can_load);
   }
 }
@@ -244,7 +244,7 @@ TEST_CASE("R19 malformed connector configs throw kvfuse::Error naming the value"
                                    ErrorCode::invalid_argument);
   CHECK(contains(pp0, "pipeline_parallel_size"));
   CHECK(contains(pp0, "got 0"));
-  error_of([] { check_engine_config(single("offload", KvRole::both, StateLayout::none, 0)); }, ErrorCode::invalid_argument);
+  error_of([] { check_engine_options(single("offload", KvRole::both, StateLayout::none, 0)); }, ErrorCode::invalid_argument);
   const std::string subs = error_of(
       [] { (void)state_tier_capability(multi("offload", {{"mooncake", std::nullopt}}, StateLayout::none)); },
       ErrorCode::invalid_argument);
@@ -254,7 +254,7 @@ TEST_CASE("R19 malformed connector configs throw kvfuse::Error naming the value"
       [] { (void)state_tier_capability(multi("multi", {{"MultiConnector", std::nullopt}}, StateLayout::none)); },
       ErrorCode::invalid_argument);
   CHECK(contains(nested, "'MultiConnector'"));
-  const std::string unknown = error_of([] { check_engine_config(single("Redis", KvRole::both, StateLayout::k3_recurrent, 2)); },
+  const std::string unknown = error_of([] { check_engine_options(single("Redis", KvRole::both, StateLayout::k3_recurrent, 2)); },
                                        ErrorCode::unknown_connector);
   CHECK(contains(unknown, "'Redis'"));
 }

@@ -217,7 +217,7 @@ TEST_CASE("R2 a state leg cannot vanish: `none` on a stateful load is recorded a
 }
 
 TEST_CASE("R1 a guard over a lane queue emits one record per dispatch into the lane") {
-  RankQueue queue(0, RankQueueConfig{1, 8, {}});
+  RankQueue queue(0, RankQueueOptions{1, 8, {}});
   LaneEmitter lane = queue.emitter(0);
   for (int i = 0; i < 3; ++i) {
     CompletionGuard guard(LoadLegs{LoadKey{RequestId{1}, Generation{static_cast<std::uint64_t>(i + 1)}}, true, false},
@@ -242,7 +242,7 @@ TEST_CASE("R1 a guard over a lane queue emits one record per dispatch into the l
 // ---- the save-side guard: two records, released then stored ------------------------------
 
 namespace {
-const StoreKey skey{PrefixHash{5}, Generation{9}};
+const SaveKey skey{PrefixHash{5}, Generation{9}};
 SaveRecord released(std::uint32_t rank, bool ok = true) {
   return SaveRecord{skey, rank, SavePhase::released, ok, ok ? Reason::none : Reason::source_unconfirmed};
 }
@@ -308,18 +308,18 @@ TEST_CASE("R1 a save verdict applied with set() still yields two records and kee
   };
   RecordingEmitter out;
   {
-    SaveGuard guard(StoreKey{PrefixHash{1}, Generation{1}}, 0, out);
+    SaveGuard guard(SaveKey{PrefixHash{1}, Generation{1}}, 0, out);
     guard.release_source();
     guard.set(Verdict{true, Reason::none});
   }
   {
-    SaveGuard guard(StoreKey{PrefixHash{1}, Generation{2}}, 0, out);
+    SaveGuard guard(SaveKey{PrefixHash{1}, Generation{2}}, 0, out);
     guard.release_source();
     guard.set(Verdict{false, Reason::kv_transfer_failed});
     guard.set(Verdict{true, Reason::none});  // a later success does not overwrite the failure
   }
   REQUIRE(out.stores.size() == 4);
-  CHECK(out.stores[1] == SaveRecord{StoreKey{PrefixHash{1}, Generation{1}}, 0, SavePhase::stored, true, Reason::none});
+  CHECK(out.stores[1] == SaveRecord{SaveKey{PrefixHash{1}, Generation{1}}, 0, SavePhase::stored, true, Reason::none});
   CHECK(out.stores[3] ==
-        SaveRecord{StoreKey{PrefixHash{1}, Generation{2}}, 0, SavePhase::stored, false, Reason::kv_transfer_failed});
+        SaveRecord{SaveKey{PrefixHash{1}, Generation{2}}, 0, SavePhase::stored, false, Reason::kv_transfer_failed});
 }

@@ -42,7 +42,7 @@ struct ScriptedState {
     return on_load ? on_load() : StateVerdict{StateOutcome::restored, Reason::none};
   }
   template <Runtime R>
-  SaveVerdict store(const StateStore&, LaneContext<R>&) {
+  SaveVerdict save(const StateSave&, LaneContext<R>&) {
     return {true, Reason::none};
   }
   static constexpr std::size_t entry_bytes(const RankGeometry& g) noexcept { return g.slot_bytes; }
@@ -239,7 +239,7 @@ struct RealRank {
   /// Saves the prompt's first chunk from blocks 0..3 through the connector.
   void save_chunk(PrefixHash key) {
     pools.write_prompt(block_range(0, 4), pools.geo.chunk_tokens);
-    conn.save_kv(KvSave{StoreKey{key, Generation{99}}, {key}, block_range(0, 4)});
+    conn.save_kv(KvSave{SaveKey{key, Generation{99}}, {key}, block_range(0, 4)});
     REQUIRE(await_save().stored.ok);
   }
 };
@@ -371,7 +371,7 @@ TEST_CASE("R11 a stateful DSV4 load with a nonzero HBM floor is refused") {
 }
 
 TEST_CASE("R12 standing staging bytes are lanes x buffer size and allocated at construction") {
-  SUBCASE("dense: a load lane and a store lane") {
+  SUBCASE("dense: a load lane and a save lane") {
     RealRank<Dense> rank;
     const ConnectorStats s = rank.conn.stats();
     CHECK(s.lanes == 2);
@@ -394,7 +394,7 @@ struct SizelessState {
   template <Runtime R>
   StateVerdict load(const StateSpec&, const KvSpec*, LaneContext<R>&) { return {}; }
   template <Runtime R>
-  SaveVerdict store(const StateStore&, LaneContext<R>&) { return {}; }
+  SaveVerdict save(const StateSave&, LaneContext<R>&) { return {}; }
 };
 
 /// Builds a `Conn` rank on `g` and returns its standing staging bytes; a stateful one
@@ -415,7 +415,7 @@ std::size_t standing_staging(const RankGeometry& g) {
   CHECK(rt.pinned_bytes() == stats.standing_staging_bytes);
   if constexpr (Conn::has_state) {
     pools.write_state(SlotId{0}, PrefixHash{5});
-    conn.store_state(StateStore{StoreKey{PrefixHash{5}, Generation{1}}, SlotId{0}, 48});
+    conn.save_state(StateSave{SaveKey{PrefixHash{5}, Generation{1}}, SlotId{0}, 48});
     RecordLog log;
     REQUIRE(drain_until(group, log, [&] { return log.stores.size() == 2; }));
     CHECK(log.stores[1].phase == SavePhase::stored);
@@ -480,7 +480,7 @@ TEST_CASE("R13 a step whose event cannot be created still saves through a device
   auto compute = rank.rt.make_stream();
   rank.conn.begin_step(compute);
   rank.pools.write_state(SlotId{1}, PrefixHash{9});
-  rank.conn.store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
+  rank.conn.save_state(StateSave{SaveKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
   const auto rec = rank.await_save();
   CHECK(rec.stored.ok);
   CHECK(rec.released.ok);
@@ -500,7 +500,7 @@ TEST_CASE("R13 when nothing can order the gather the save fails and never reads 
   auto compute = rank.rt.make_stream();
   rank.conn.begin_step(compute);
   const auto copies_before = rank.rt.calls(RuntimeCall::copy_async);
-  rank.conn.store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
+  rank.conn.save_state(StateSave{SaveKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
   const auto rec = rank.await_save();
   CHECK_FALSE(rec.stored.ok);
   CHECK(rec.released.ok);
@@ -508,7 +508,7 @@ TEST_CASE("R13 when nothing can order the gather the save fails and never reads 
 }
 
 namespace {
-/// A rank of `Conn` built on `no_state_tier`: one state store and one state-only load.
+/// A rank of `Conn` built on `no_state_tier`: one state save and one state-only load.
 template <class Conn>
 void without_a_state_tier() {
   HostRuntime rt;
@@ -516,15 +516,15 @@ void without_a_state_tier() {
   DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
   Mem kv_tier(1 << 20);
   Conn conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(kv_tier), typename Conn::state_leg_type(no_state_tier), group);
-  conn.store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
+  conn.save_state(StateSave{SaveKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
   LoadRequest r;
   r.key = LoadKey{RequestId{1}, Generation{2}};
   r.state = state_spec(PrefixHash{9}, SlotId{1});
   conn.load(std::move(r));
   RecordLog log;
   REQUIRE(drain_until(group, log, [&] { return log.loads.size() == 1 && log.stores.size() == 2; }));
-  CHECK(log.stores[0] == SaveRecord{StoreKey{PrefixHash{9}, Generation{1}}, 0, SavePhase::released, true, Reason::none});
-  CHECK(log.stores[1] == SaveRecord{StoreKey{PrefixHash{9}, Generation{1}}, 0, SavePhase::stored, false, Reason::no_tier});
+  CHECK(log.stores[0] == SaveRecord{SaveKey{PrefixHash{9}, Generation{1}}, 0, SavePhase::released, true, Reason::none});
+  CHECK(log.stores[1] == SaveRecord{SaveKey{PrefixHash{9}, Generation{1}}, 0, SavePhase::stored, false, Reason::no_tier});
   CHECK(log.loads[0].state == StateOutcome::failed);  // failed never retracts; missed would
   CHECK(log.loads[0].state_reason == Reason::no_tier);
 }
@@ -575,7 +575,7 @@ TEST_CASE("R19 a rank cut for another world size does not join the group") {
     return {};
   };
   SUBCASE("rank 0 of 8 into a 4-rank TpQuorum") {
-    TpQuorum quorum{TpQuorumConfig{4, 3, 64}};
+    TpQuorum quorum{TpQuorumOptions{4, 3, 64}};
     DevicePools<HostRuntime> of8(rt, small_geometry(0, 8));
     const std::string msg = refusal([&] {
       DenseConnector<Mem, TpQuorum> conn(of8.geo, rt, of8.memory(), PagedKv<Mem>(tier), NoState{}, quorum);

@@ -26,7 +26,7 @@ TEST_CASE("ids: load keys compare and hash by both fields") {
 }
 
 TEST_CASE("ids: the chunk grid floors / ceils / checks alignment") {
-  const ChunkGrid grid = ChunkGrid::make(256);
+  const TokenGrid grid = TokenGrid::make(256);
   CHECK(grid.floor(0) == 0);
   CHECK(grid.floor(255) == 0);
   CHECK(grid.floor(256) == 256);
@@ -35,17 +35,17 @@ TEST_CASE("ids: the chunk grid floors / ceils / checks alignment") {
   CHECK(grid.ceil(257) == 512);
   CHECK(grid.aligned(512));
   CHECK_FALSE(grid.aligned(500));
-  CHECK(grid.chunks_covering(513) == 3);
-  CHECK(grid.chunk_of(511) == 1);
+  CHECK(grid.cells_covering(513) == 3);
+  CHECK(grid.cell_of(511) == 1);
 }
 
-TEST_CASE("R19 a zero chunk size is a typed error that names the value") {
+TEST_CASE("R19 a zero grid step is a typed error that names the value") {
   try {
-    (void)ChunkGrid::make(0);
-    FAIL("ChunkGrid::make(0) must throw");
+    (void)TokenGrid::make(0);
+    FAIL("TokenGrid::make(0) must throw");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::invalid_argument);
-    CHECK(std::string(e.what()).find("chunk_tokens") != std::string::npos);
+    CHECK(std::string(e.what()).find("step") != std::string::npos);
     CHECK(std::string(e.what()).find("0") != std::string::npos);
   }
 }

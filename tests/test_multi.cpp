@@ -131,6 +131,6 @@ TEST_CASE("R16 a released state load is abandoned (not missed) and unparks nothi
   CHECK(resolved[0].kind == Resolution::abandoned);
   CHECK_FALSE(resolved[0].state_missed);
   CHECK(index.could_serve(PrefixHash{9}));  // an abandon never retracts (R7)
-  CHECK(index.is_outstanding(other_request.key));  // the other request is still parked on its own load
+  CHECK(index.is_in_flight(other_request.key));  // the other request is still parked on its own load
   CHECK(released_slots.empty());  // a live request's slot stays with it (R8)
 }

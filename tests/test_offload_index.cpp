@@ -180,17 +180,17 @@ TEST_CASE("R5 the indexed hashes are LRU-capped with evictions counted as one st
 
 TEST_CASE("R5 a hash is indexed only when a save settles stored on every rank and a save settles once") {
   Harness h;
-  auto ta = h.index.request_save(StateStore{StoreKey{PrefixHash{11}, {}}, SlotId{0}, 256});
-  auto tb = h.index.request_save(StateStore{StoreKey{PrefixHash{12}, {}}, SlotId{1}, 256});
+  auto ta = h.index.request_save(StateSave{SaveKey{PrefixHash{11}, {}}, SlotId{0}, 256});
+  auto tb = h.index.request_save(StateSave{SaveKey{PrefixHash{12}, {}}, SlotId{1}, 256});
   REQUIRE(ta.admitted());
   REQUIRE(tb.admitted());
-  const StoreKey a = ta.ticket().dispatch().key;
-  const StoreKey b = tb.ticket().dispatch().key;
+  const SaveKey a = ta.ticket().dispatch().key;
+  const SaveKey b = tb.ticket().dispatch().key;
   CHECK(a.hash == PrefixHash{11});
   CHECK(a.generation != b.generation);
   CHECK_FALSE(h.index.could_serve(PrefixHash{11}));  // never at submission
   CHECK(h.index.is_save_in_flight(a));
-  CHECK_FALSE(h.index.is_save_in_flight(StoreKey{PrefixHash{11}, b.generation}));
+  CHECK_FALSE(h.index.is_save_in_flight(SaveKey{PrefixHash{11}, b.generation}));
   CHECK(h.index.settle_save(SaveSettlement{a, SavePhase::released, true}));
   CHECK_FALSE(h.index.could_serve(PrefixHash{11}));  // released is not stored
   CHECK(h.index.is_save_in_flight(a));
@@ -201,7 +201,7 @@ TEST_CASE("R5 a hash is indexed only when a save settles stored on every rank an
   // A second settlement of a, or one for a save never issued, is late.
   CHECK_FALSE(h.index.is_save_in_flight(a));
   CHECK_FALSE(h.index.settle_save(SaveSettlement{a, SavePhase::stored, true}));
-  CHECK_FALSE(h.index.settle_save(SaveSettlement{StoreKey{PrefixHash{13}, Generation{3}}, SavePhase::stored, true}));
+  CHECK_FALSE(h.index.settle_save(SaveSettlement{SaveKey{PrefixHash{13}, Generation{3}}, SavePhase::stored, true}));
   CHECK_FALSE(h.index.could_serve(PrefixHash{13}));
   const IndexStats s = h.index.stats();
   CHECK(s.saves_issued == 2);
@@ -215,10 +215,10 @@ TEST_CASE("R5 a hash is indexed only when a save settles stored on every rank an
 
 TEST_CASE("R5 a KV save settles and is counted but never enters the state-hash set") {
   Harness h;
-  auto tkv = h.index.request_save(KvSave{StoreKey{PrefixHash{21}, {}}, {PrefixHash{21}}, {BlockId{0}}});
-  auto tst = h.index.request_save(StateStore{StoreKey{PrefixHash{22}, {}}, SlotId{0}, 256});
-  const StoreKey kv = tkv.ticket().dispatch().key;
-  const StoreKey state = tst.ticket().dispatch().key;
+  auto tkv = h.index.request_save(KvSave{SaveKey{PrefixHash{21}, {}}, {PrefixHash{21}}, {BlockId{0}}});
+  auto tst = h.index.request_save(StateSave{SaveKey{PrefixHash{22}, {}}, SlotId{0}, 256});
+  const SaveKey kv = tkv.ticket().dispatch().key;
+  const SaveKey state = tst.ticket().dispatch().key;
   CHECK(h.index.settle_save(SaveSettlement{kv, SavePhase::stored, true}));
   CHECK(h.index.settle_save(SaveSettlement{state, SavePhase::stored, true}));
   CHECK_FALSE(h.index.could_serve(PrefixHash{21}));
@@ -231,9 +231,9 @@ TEST_CASE("R5 a KV save settles and is counted but never enters the state-hash s
 
 TEST_CASE("R6 a save is ticketed like a load: its records count only once dispatched and a dropped ticket abandons it") {
   Harness h;
-  StoreKey dropped_key;
+  SaveKey dropped_key;
   {
-    auto admission = h.index.request_save(StateStore{StoreKey{PrefixHash{5}, {}}, SlotId{0}, 256});
+    auto admission = h.index.request_save(StateSave{SaveKey{PrefixHash{5}, {}}, SlotId{0}, 256});
     REQUIRE(admission.admitted());
     dropped_key = admission.ticket().key();
     CHECK(dropped_key.generation != Generation{});
@@ -245,7 +245,7 @@ TEST_CASE("R6 a save is ticketed like a load: its records count only once dispat
   CHECK_FALSE(h.index.settle_save(SaveSettlement{dropped_key, SavePhase::stored, true}));
   CHECK_FALSE(h.index.could_serve(PrefixHash{5}));
 
-  auto admission = h.index.request_save(KvSave{StoreKey{PrefixHash{6}, {}}, {PrefixHash{6}}, {BlockId{3}}});
+  auto admission = h.index.request_save(KvSave{SaveKey{PrefixHash{6}, {}}, {PrefixHash{6}}, {BlockId{3}}});
   SaveTicket<KvSave> ticket = admission.take_ticket();
   const KvSave save = ticket.dispatch();
   CHECK_FALSE(ticket.valid());
@@ -254,7 +254,7 @@ TEST_CASE("R6 a save is ticketed like a load: its records count only once dispat
   CHECK(h.index.is_save_in_flight(save.key));
   ticket.abandon();  // consumed: a no-op
   CHECK(h.index.is_save_in_flight(save.key));
-  CHECK(SaveTicket<KvSave>{}.dispatch().key == StoreKey{});  // an empty ticket yields nothing any index accepts
+  CHECK(SaveTicket<KvSave>{}.dispatch().key == SaveKey{});  // an empty ticket yields nothing any index accepts
   // Loads and saves share one generation source.
   CHECK(start(h.index, 1, kv_spec(0, 256), std::nullopt).generation.value == save.key.generation.value + 1);
   check_identity(h.index);
@@ -264,7 +264,7 @@ TEST_CASE("R19 a save the index cannot record is refused and the caller learns i
   REQUIRE(detail::AllocationScope::hook_installed());
   Harness h;
   detail::AllocationScope::fail_next(1);  // the save table's first growth fails
-  auto refused = h.index.request_save(StateStore{StoreKey{PrefixHash{5}, {}}, SlotId{0}, 256});
+  auto refused = h.index.request_save(StateSave{SaveKey{PrefixHash{5}, {}}, SlotId{0}, 256});
   detail::AllocationScope::fail_next(0);
   CHECK_FALSE(refused.admitted());
   CHECK(refused.refusal() == SaveRefusal::out_of_memory);
@@ -273,7 +273,7 @@ TEST_CASE("R19 a save the index cannot record is refused and the caller learns i
   CHECK(s.saves_refused == 1);
   CHECK(s.saves_issued == 0);
   CHECK(s.saves_outstanding == 0);
-  auto admitted = h.index.request_save(StateStore{StoreKey{PrefixHash{5}, {}}, SlotId{0}, 256});
+  auto admitted = h.index.request_save(StateSave{SaveKey{PrefixHash{5}, {}}, SlotId{0}, 256});
   CHECK(admitted.admitted());
   check_identity(h.index);
 }
@@ -329,7 +329,7 @@ TEST_CASE("R6 a ticket destroyed unconsumed abandons itself and the scheduler dr
   CHECK(got[0] == LoadResolution{dropped_key, Resolution::abandoned, false, false, false});
   CHECK(h.released.empty());                    // the live request still owns its slot
   CHECK(h.index.could_serve(PrefixHash{9}));    // an abandon is not a miss
-  CHECK_FALSE(h.index.is_outstanding(dropped_key));
+  CHECK_FALSE(h.index.is_in_flight(dropped_key));
   // The request and the slot are free for a new load.
   CHECK(h.index.request_load(RequestId{1}, std::nullopt, leg(9, 3)).admitted());  // dropped again here
   CHECK(drain(h.index).size() == 1);
@@ -432,7 +432,7 @@ TEST_CASE("R8 the index never releases the slot of a live request") {
   const LoadKey d = start(h.index, 4, std::nullopt, leg(1, 4));
   ManualClock::current += 24h;  // however old a live load is, reclaim leaves it alone
   CHECK(h.index.reclaim(ManualClock::now(), 1ns) == 0);
-  CHECK(h.index.is_outstanding(d));
+  CHECK(h.index.is_in_flight(d));
   CHECK(h.index.complete(a));
   CHECK(h.index.fail(b, true));
   CHECK(h.index.abandon(c));
@@ -479,7 +479,7 @@ TEST_CASE("R8 complete and fail and fail_all and abandon by key never end an orp
   CHECK(h.index.fail_all(std::span<const LoadKey>(&k, 1), true) == 0);
   CHECK(h.index.stats() == before);  // nothing resolved, nothing counted late
   CHECK(h.released.empty());
-  CHECK(h.index.is_outstanding(k));
+  CHECK(h.index.is_in_flight(k));
   CHECK(h.index.could_serve(PrefixHash{1}));
   CHECK(h.index.drain_forgotten([](const LoadKey&) noexcept {}) == 0);  // the group keeps waiting for its ranks
   // Reclaim is the other way out.
@@ -514,7 +514,7 @@ TEST_CASE("R8 a load that never hears back stays in flight and visible: report_o
   CHECK(seen[1].key == orphan);
   CHECK(seen[1].orphaned);
   CHECK(h.index.stats().overdue == 2);
-  CHECK(h.index.is_outstanding(old_load));  // nothing is released on a timer
+  CHECK(h.index.is_in_flight(old_load));  // nothing is released on a timer
   CHECK(h.released.empty());
   // The count follows the loads: settle one, and the next report has one fewer.
   CHECK(h.index.settle(Settlement{old_load, true, false}));
@@ -535,7 +535,7 @@ TEST_CASE("R3 generations survive a restart: last_issued() is what the next inca
   {
     Index first(o, [](SlotId) {});
     before_restart = start(first, 1, kv_spec(0, 256), std::nullopt);
-    auto save = first.request_save(KvSave{StoreKey{PrefixHash{9}, {}}, {PrefixHash{9}}, {BlockId{0}}});
+    auto save = first.request_save(KvSave{SaveKey{PrefixHash{9}, {}}, {PrefixHash{9}}, {BlockId{0}}});
     REQUIRE(save.admitted());
     CHECK(first.last_issued() == save.ticket().key().generation);
     persisted = first.last_issued();
@@ -605,7 +605,7 @@ TEST_CASE("R8 reclaim takes only orphans old enough and oldest first even if the
   CHECK(h.released == std::vector<SlotId>{SlotId{3}});
   CHECK(h.index.reclaim(t0 + 60s, 20s) == 1);  // a (30s); b is 10s old
   CHECK(h.released == std::vector<SlotId>{SlotId{3}, SlotId{1}});
-  CHECK(h.index.is_outstanding(b));
+  CHECK(h.index.is_in_flight(b));
   check_identity(h.index);
 }
 
@@ -618,7 +618,7 @@ TEST_CASE("R8 a timeout of zero or less disables reclaim") {
   CHECK(h.index.reclaim(ManualClock::now(), 0s) == 0);
   CHECK(h.index.reclaim(ManualClock::now(), -5s) == 0);
   CHECK(h.released.empty());
-  CHECK(h.index.is_outstanding(k));
+  CHECK(h.index.is_in_flight(k));
 }
 
 TEST_CASE("R8 a re-admitted request gets a new generation and its own slot - the old orphan neither blocks nor is touched") {
@@ -638,7 +638,7 @@ TEST_CASE("R8 a re-admitted request gets a new generation and its own slot - the
   CHECK(h.index.slot_of(second) == SlotId{2});
   CHECK(h.index.complete(second));  // the new admission's report
   CHECK(h.released.empty());        // did not touch the old orphan's slot
-  CHECK(h.index.is_outstanding(first));
+  CHECK(h.index.is_in_flight(first));
   CHECK(h.index.settle(Settlement{first, false, false}));  // the old load's ranks report at last
   CHECK(h.released == std::vector<SlotId>{SlotId{1}});
   check_identity(h.index);
@@ -682,11 +682,11 @@ TEST_CASE("R3 reports for unknown / settled / reclaimed / undispatched keys are 
       LoadKey{RequestId{2}, live.generation},         // right generation, wrong request
       LoadKey{live.request, Generation{live.generation.value + 100}},  // right request, wrong generation
   };
-  CHECK_FALSE(h.index.is_outstanding(undispatched));
-  CHECK(h.index.is_outstanding(live));
+  CHECK_FALSE(h.index.is_in_flight(undispatched));
+  CHECK(h.index.is_in_flight(live));
   for (const LoadKey& k : late) {
     CAPTURE(to_string(k));
-    CHECK_FALSE(h.index.is_outstanding(k));
+    CHECK_FALSE(h.index.is_in_flight(k));
     IndexStats before = h.index.stats();
     CHECK_FALSE(h.index.complete(k));
     CHECK_FALSE(h.index.fail(k, true));
@@ -700,7 +700,7 @@ TEST_CASE("R3 reports for unknown / settled / reclaimed / undispatched keys are 
     CHECK(h.released.size() == released_before);
     CHECK(h.index.pending_resolutions() == 0);
   }
-  CHECK(h.index.is_outstanding(live));
+  CHECK(h.index.is_in_flight(live));
   CHECK(h.index.hash_of(live) == PrefixHash{1});
   CHECK(h.index.hash_of(settled) == std::nullopt);
   CHECK(waiting.ticket().valid());  // the undispatched load is untouched
@@ -718,7 +718,7 @@ TEST_CASE("R3 the index issues one fresh generation per admission continuing aft
   const LoadKey b = start(index, 1, kv_spec(0, 256), std::nullopt);  // same request again
   CHECK(b.generation == Generation{43});
   CHECK_FALSE(index.complete(a));  // the old key never settles the new load
-  CHECK(index.is_outstanding(b));
+  CHECK(index.is_in_flight(b));
   // A refusal issues no generation.
   CHECK(index.request_load(RequestId{1}, kv_spec(0, 256), std::nullopt).refusal() == LoadRefusal::load_in_flight);
   CHECK(index.complete(b));
@@ -754,7 +754,7 @@ TEST_CASE("R17 stats() and hash_of and a failing batch visit no entry at any siz
   CHECK(visits_of([&] {
           for (int i = 0; i < 100; ++i) {
             (void)h.index.hash_of(keys[static_cast<std::size_t>(i)]);
-            (void)h.index.is_outstanding(keys[static_cast<std::size_t>(i)]);
+            (void)h.index.is_in_flight(keys[static_cast<std::size_t>(i)]);
             (void)h.index.could_serve(PrefixHash{static_cast<std::uint64_t>(i)});
           }
         }) == 0);
@@ -810,7 +810,7 @@ TEST_CASE("R19 bad input to the index is refused and leaves every counter and sl
     CHECK(h.released.empty());
     CHECK(h.index.pending_resolutions() == 0);
   }
-  CHECK(h.index.is_outstanding(held));
+  CHECK(h.index.is_in_flight(held));
   CHECK(h.index.slot_of(held) == SlotId{1});
   check_identity(h.index);
 
@@ -858,7 +858,7 @@ TEST_CASE("R19 construction errors throw kvfuse::Error naming the value") {
     CHECK(e.code() == ErrorCode::invalid_argument);
   }
   try {
-    (void)ChunkGrid::make(0);
+    (void)TokenGrid::make(0);
     FAIL("a zero chunk size was accepted");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::invalid_argument);

@@ -50,7 +50,7 @@ struct Model {
 
   std::list<std::uint64_t> lru;            // front = most recently used
   std::map<std::uint64_t, Load> loads;     // generation -> outstanding load
-  std::vector<StoreKey> stores;            // outstanding stores
+  std::vector<SaveKey> stores;            // outstanding stores
   IndexStats s;
   std::uint64_t next_generation = 1;
   std::uint64_t orphan_seq = 0;
@@ -399,9 +399,9 @@ struct Run {
   void op_store() {
     if (model.stores.empty() || chance(0.5)) {
       const PrefixHash h{pick(kHashes)};
-      auto a = index.request_save(StateStore{StoreKey{h, {}}, SlotId{0}, 0});
+      auto a = index.request_save(StateSave{SaveKey{h, {}}, SlotId{0}, 0});
       REQUIRE(a.admitted());
-      REQUIRE(a.ticket().key() == StoreKey{h, Generation{model.next_generation++}});  // one source for loads and saves
+      REQUIRE(a.ticket().key() == SaveKey{h, Generation{model.next_generation++}});  // one source for loads and saves
       ++model.s.saves_issued;
       if (chance(0.1)) {
         a.ticket().abandon();
@@ -413,7 +413,7 @@ struct Run {
     }
     const bool late = chance(0.1);
     const std::size_t i = static_cast<std::size_t>(pick(model.stores.size()));
-    const StoreKey k = late ? StoreKey{PrefixHash{1}, Generation{model.next_generation + 1000}} : model.stores[i];
+    const SaveKey k = late ? SaveKey{PrefixHash{1}, Generation{model.next_generation + 1000}} : model.stores[i];
     if (chance(0.5)) {  // the released phase first, as ranks send it
       const bool released = chance(0.9);
       REQUIRE(index.settle_save(SaveSettlement{k, SavePhase::released, released}) == !late);

@@ -19,7 +19,7 @@ constexpr std::uint32_t kWorld = 4;
 /// that parks requests until their load settles.
 struct Engine {
   std::vector<SlotId> released_slots;
-  TpQuorum group{TpQuorumConfig{kWorld, 3, 1024}};
+  TpQuorum group{TpQuorumOptions{kWorld, 3, 1024}};
   OffloadIndex<> index;
   SettlementPump<TpQuorum, OffloadIndex<>> pump{group, index};
   std::vector<LoadResolution> loads;
@@ -91,15 +91,15 @@ void run_preset(const std::filesystem::path& dir = {}) {
   const PrefixHash state_hash{0xabcdef};
 
   // The forward wrote KV (and state) on every rank; the engine saves it through tickets.
-  auto kv_ticket = engine.index.request_save(KvSave{StoreKey{keys.back(), {}}, keys, saved_blocks}).take_ticket();
-  auto state_ticket = engine.index.request_save(StateStore{StoreKey{state_hash, {}}, SlotId{0}, boundary}).take_ticket();
+  auto kv_ticket = engine.index.request_save(KvSave{SaveKey{keys.back(), {}}, keys, saved_blocks}).take_ticket();
+  auto state_ticket = engine.index.request_save(StateSave{SaveKey{state_hash, {}}, SlotId{0}, boundary}).take_ticket();
   const KvSave kv_save = kv_ticket.dispatch();
-  const StateStore state_store = Conn::has_state ? state_ticket.dispatch() : StateStore{};
+  const StateSave state_store = Conn::has_state ? state_ticket.dispatch() : StateSave{};
   for (auto& rank : ranks) {
     rank->pools.write_prompt(saved_blocks, prompt);
     if constexpr (Conn::has_state) rank->pools.write_state(SlotId{0}, state_hash);
     rank->conn.save_kv(kv_save);
-    if constexpr (Conn::has_state) rank->conn.store_state(state_store);
+    if constexpr (Conn::has_state) rank->conn.save_state(state_store);
   }
   const std::size_t saves = Conn::has_state ? 2 : 1;
   REQUIRE(engine.settle(0, 2 * saves));
@@ -208,19 +208,19 @@ TEST_CASE("R1 a request with neither leg reports invalid_spec once per rank on e
   SUBCASE("DenseConnector") {
     SingleRank single;
     legless_request_is_refused<DenseConnector<Mem, SingleRank>>(single, 1);
-    TpQuorum quorum{TpQuorumConfig{kWorld, 3, 1024}};
+    TpQuorum quorum{TpQuorumOptions{kWorld, 3, 1024}};
     legless_request_is_refused<DenseConnector<Mem, TpQuorum>>(quorum, kWorld);
   }
   SUBCASE("Dsv4Connector") {
     SingleRank single;
     legless_request_is_refused<Dsv4Connector<Mem, SingleRank>>(single, 1);
-    TpQuorum quorum{TpQuorumConfig{kWorld, 3, 1024}};
+    TpQuorum quorum{TpQuorumOptions{kWorld, 3, 1024}};
     legless_request_is_refused<Dsv4Connector<Mem, TpQuorum>>(quorum, kWorld);
   }
   SUBCASE("KimiK3Connector") {
     SingleRank single;
     legless_request_is_refused<KimiK3Connector<Mem, SingleRank>>(single, 1);
-    TpQuorum quorum{TpQuorumConfig{kWorld, 3, 1024}};
+    TpQuorum quorum{TpQuorumOptions{kWorld, 3, 1024}};
     legless_request_is_refused<KimiK3Connector<Mem, TpQuorum>>(quorum, kWorld);
   }
 }
@@ -260,13 +260,13 @@ TEST_CASE("R18 after a restart the index is re-seeded from the tiers and KV and 
     Engine engine(4);
     std::vector<std::unique_ptr<Rank<Conn>>> ranks;
     for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, engine.group, dir));
-    const KvSave kv_save = engine.index.request_save(KvSave{StoreKey{keys.back(), {}}, keys, saved_blocks}).take_ticket().dispatch();
-    const StateStore st = engine.index.request_save(StateStore{StoreKey{state_hash, {}}, SlotId{0}, boundary}).take_ticket().dispatch();
+    const KvSave kv_save = engine.index.request_save(KvSave{SaveKey{keys.back(), {}}, keys, saved_blocks}).take_ticket().dispatch();
+    const StateSave st = engine.index.request_save(StateSave{SaveKey{state_hash, {}}, SlotId{0}, boundary}).take_ticket().dispatch();
     for (auto& rank : ranks) {
       rank->pools.write_prompt(saved_blocks, prompt);
       rank->pools.write_state(SlotId{0}, state_hash);
       rank->conn.save_kv(kv_save);
-      rank->conn.store_state(st);
+      rank->conn.save_state(st);
     }
     REQUIRE(engine.settle(0, 4));
     for (std::uint32_t r = 0; r + 1 < kWorld; ++r) {  // rank 3 crashed before storing this one

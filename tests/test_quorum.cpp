@@ -24,17 +24,17 @@ namespace {
 using Time = std::chrono::steady_clock::time_point;
 
 LoadKey lk(std::uint64_t request, std::uint64_t generation) { return LoadKey{RequestId{request}, Generation{generation}}; }
-StoreKey sk(std::uint64_t hash, std::uint64_t generation) { return StoreKey{PrefixHash{hash}, Generation{generation}}; }
+SaveKey sk(std::uint64_t hash, std::uint64_t generation) { return SaveKey{PrefixHash{hash}, Generation{generation}}; }
 
 CompletionRecord rec(LoadKey key, std::uint32_t rank, KvOutcome kv = KvOutcome::ok,
                      StateOutcome state = StateOutcome::none) {
   return CompletionRecord{key, rank, kv, state, Reason::none, Reason::none};
 }
-SaveRecord srec(StoreKey key, std::uint32_t rank, SavePhase phase, bool ok = true) {
+SaveRecord srec(SaveKey key, std::uint32_t rank, SavePhase phase, bool ok = true) {
   return SaveRecord{key, rank, phase, ok, ok ? Reason::none : Reason::kv_transfer_failed};
 }
-SaveSettlement released_phase(StoreKey key, bool ok = true) { return SaveSettlement{key, SavePhase::released, ok}; }
-SaveSettlement stored_phase(StoreKey key, bool ok = true) { return SaveSettlement{key, SavePhase::stored, ok}; }
+SaveSettlement released_phase(SaveKey key, bool ok = true) { return SaveSettlement{key, SavePhase::released, ok}; }
+SaveSettlement stored_phase(SaveKey key, bool ok = true) { return SaveSettlement{key, SavePhase::stored, ok}; }
 
 /// Collects settlements in order.
 struct Collect {
@@ -47,7 +47,7 @@ struct Collect {
 /// A stand-in for OffloadIndex: the outstanding and in-flight-save sets are the truth (R3).
 struct FakeIndex {
   std::unordered_set<LoadKey> outstanding;
-  std::unordered_set<StoreKey> saves;
+  std::unordered_set<SaveKey> saves;
   std::vector<Settlement> settled;
   std::vector<SaveSettlement> save_settlements;
   std::unordered_set<PrefixHash> indexed;
@@ -55,11 +55,11 @@ struct FakeIndex {
   std::vector<LoadKey> forgotten;
   Generation last{};
   mutable int outstanding_queries = 0;
-  bool is_outstanding(LoadKey key) const noexcept {
+  bool is_in_flight(LoadKey key) const noexcept {
     ++outstanding_queries;
     return outstanding.contains(key);
   }
-  bool is_save_in_flight(StoreKey key) const noexcept { return saves.contains(key); }
+  bool is_save_in_flight(SaveKey key) const noexcept { return saves.contains(key); }
   bool settle(const Settlement& s) {
     if (outstanding.erase(s.key) == 0) return false;
     settled.push_back(s);
@@ -98,8 +98,8 @@ struct NotAnIndex {
 static_assert(!SettlementIndex<NotAnIndex>);
 static_assert(!CompletionGroup<FakeIndex>);
 
-TpQuorumConfig config(std::uint32_t world, std::size_t tombstones = 4096, std::size_t lanes = 0) {
-  TpQuorumConfig c;
+TpQuorumOptions config(std::uint32_t world, std::size_t tombstones = 4096, std::size_t lanes = 0) {
+  TpQuorumOptions c;
   c.world_size = world;
   c.lanes_per_rank = lanes;
   c.tombstones = tombstones;
@@ -115,7 +115,7 @@ MergeResult feed(TpQuorum& q, const Record& r, Collect& out) {
 }
 
 /// Feeds one rank's whole save report: `released`, then `stored`, as a rank sends them.
-void feed_save(TpQuorum& q, StoreKey key, std::uint32_t rank, Collect& out, bool stored_ok = true,
+void feed_save(TpQuorum& q, SaveKey key, std::uint32_t rank, Collect& out, bool stored_ok = true,
                bool released_ok = true) {
   feed(q, srec(key, rank, SavePhase::released, released_ok), out);
   feed(q, srec(key, rank, SavePhase::stored, stored_ok), out);
@@ -280,7 +280,7 @@ TEST_CASE("R19 bad quorum configuration is a kvfuse::Error naming the value") {
   CHECK(error_of([] { TpQuorum q(config(65)); }).find("65") != std::string::npos);
   CHECK(error_of([] { TpQuorum q(config(2, 0)); }).find("tombstones") != std::string::npos);
   CHECK(error_of([] {
-          TpQuorumConfig c = config(2, 16, 2);
+          TpQuorumOptions c = config(2, 16, 2);
           c.lane_capacity = 0;
           TpQuorum q(c);
         }).find("lane_capacity") != std::string::npos);
@@ -333,7 +333,7 @@ struct PumpFixture {
   TpQuorum group;
   FakeIndex index;
   SettlementPump<TpQuorum, FakeIndex> pump{group, index};
-  explicit PumpFixture(TpQuorumConfig c) : group(c) {}
+  explicit PumpFixture(TpQuorumOptions c) : group(c) {}
   void send(const CompletionRecord& r) { pump.ingest(r.rank, std::span<const CompletionRecord>(&r, 1)); }
   void send(const SaveRecord& r) { pump.ingest(r.rank, std::span<const SaveRecord>(&r, 1)); }
   std::size_t seen = 0;
@@ -532,20 +532,20 @@ TEST_CASE("R3 save records settle only for saves the index has in flight and onc
 // ---- SingleRank -----------------------------------------------------------------------------
 
 TEST_CASE("R3 SingleRank settles each admitted record at once and drops the rest as late") {
-  SingleRank group(SingleRankConfig{2, 16, {}});
+  SingleRank group(SingleRankOptions{2, 16, {}});
   FakeIndex index;
   SettlementPump<SingleRank, FakeIndex> pump(group, index);
   index.outstanding.insert(lk(1, 1));
   index.outstanding.insert(lk(2, 1));
   index.saves.insert(sk(3, 1));
   LaneEmitter load_lane = group.emitter(0, 0);
-  LaneEmitter store_lane = group.emitter(0, 1);
+  LaneEmitter save_lane = group.emitter(0, 1);
   load_lane.emit(rec(lk(1, 1), 0, KvOutcome::ok, StateOutcome::missed));
   load_lane.emit(rec(lk(1, 1), 0));  // a duplicate: late, the index already settled the key
   load_lane.emit(rec(lk(2, 1), 0));
   load_lane.emit(rec(lk(4, 1), 0));  // never dispatched
-  store_lane.emit(srec(sk(3, 1), 0, SavePhase::released));
-  store_lane.emit(srec(sk(3, 1), 0, SavePhase::stored));
+  save_lane.emit(srec(sk(3, 1), 0, SavePhase::released));
+  save_lane.emit(srec(sk(3, 1), 0, SavePhase::stored));
   const auto step = pump.step();
   CHECK(step.records == 6);
   REQUIRE(index.settled.size() == 2);
@@ -601,9 +601,9 @@ TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint lo
   LaneEmitter store1 = group.emitter(1, 1);
 
   // A save of hash 42 lands on both ranks: only then is it indexed.
-  auto save_admission = index.request_save(StateStore{StoreKey{PrefixHash{42}, {}}, SlotId{0}, 256});
+  auto save_admission = index.request_save(StateSave{SaveKey{PrefixHash{42}, {}}, SlotId{0}, 256});
   REQUIRE(save_admission.admitted());
-  const StoreKey save = save_admission.ticket().dispatch().key;
+  const SaveKey save = save_admission.ticket().dispatch().key;
   { SaveGuard g(save, 0, store0); g.release_source(); g.stored_ok(); }
   CHECK(pump.step().saves.empty());  // rank 0 alone settles nothing
   CHECK_FALSE(index.could_serve(PrefixHash{42}));
@@ -623,7 +623,7 @@ TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint lo
   LoadAdmission admission = index.request_load(RequestId{5}, kv, StateSpec{256, PrefixHash{42}, SlotId{1}, 16, 256});
   REQUIRE(admission.admitted());
   const LoadRequest req = admission.ticket().dispatch();
-  CHECK(index.is_outstanding(req.key));
+  CHECK(index.is_in_flight(req.key));
   {
     CompletionGuard g(req, 0, load0);
     g.kv_ok();
@@ -635,7 +635,7 @@ TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint lo
     g.state(StateOutcome::missed);
   }
   step = pump.step();
-  CHECK_FALSE(index.is_outstanding(req.key));
+  CHECK_FALSE(index.is_in_flight(req.key));
   CHECK_FALSE(index.could_serve(PrefixHash{42}));  // the miss retracted the hash
   REQUIRE(step.resolutions.size() == 1);
   CHECK(step.resolutions[0].key == req.key);

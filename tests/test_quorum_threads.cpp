@@ -1,5 +1,5 @@
 // Randomised: 8 ranks as threads report random outcomes per key through their lane queues
-// while the engine thread drains at random moments. Every key settles exactly once, with
+// while the scheduler thread drains at random moments. Every key settles exactly once, with
 // the merge a reference model predicts; records for keys never dispatched are all late.
 // Built and run under TSan too.
 #include <doctest/doctest.h>
@@ -73,7 +73,7 @@ Settlement reference(std::uint64_t seed, std::uint64_t k) {
 }
 
 SaveSettlement save_reference(std::uint64_t seed, std::uint64_t i, SavePhase phase) {
-  SaveSettlement s{StoreKey{PrefixHash{i}, Generation{i + 1}}, phase, true};
+  SaveSettlement s{SaveKey{PrefixHash{i}, Generation{i + 1}}, phase, true};
   for (std::uint32_t r = 0; r < world; ++r) {
     const std::uint64_t x = mix(seed, i + 1'000'000, r);
     s.ok = s.ok && (phase == SavePhase::stored ? x % 11 != 0 : x % 7 != 0);
@@ -83,13 +83,13 @@ SaveSettlement save_reference(std::uint64_t seed, std::uint64_t i, SavePhase pha
 
 struct Index {
   std::unordered_set<LoadKey> outstanding;
-  std::unordered_set<StoreKey> saves;
+  std::unordered_set<SaveKey> saves;
   std::unordered_map<LoadKey, int> settle_count;
   std::vector<Settlement> settled;
   std::vector<SaveSettlement> stores;
   std::vector<LoadResolution> queue;
-  bool is_outstanding(LoadKey k) const noexcept { return outstanding.contains(k); }
-  bool is_save_in_flight(StoreKey k) const noexcept { return saves.contains(k); }
+  bool is_in_flight(LoadKey k) const noexcept { return outstanding.contains(k); }
+  bool is_save_in_flight(SaveKey k) const noexcept { return saves.contains(k); }
   bool settle(const Settlement& s) {
     ++settle_count[s.key];
     if (outstanding.erase(s.key) == 0) return false;
@@ -131,7 +131,7 @@ void run_rank(std::uint64_t seed, std::uint32_t rank, LaneEmitter& lane) {
     } else if (w < keys + stores) {
       const std::uint64_t i = w - keys;
       const std::uint64_t x = mix(seed, i + 1'000'000, rank);
-      SaveGuard guard(StoreKey{PrefixHash{i}, Generation{i + 1}}, rank, lane);
+      SaveGuard guard(SaveKey{PrefixHash{i}, Generation{i + 1}}, rank, lane);
       if (x % 11 != 0) guard.stored_ok();
       else guard.fail(Reason::kv_transfer_failed);
       if (x % 7 != 0) guard.release_source();
@@ -150,7 +150,7 @@ void run_rank(std::uint64_t seed, std::uint32_t rank, LaneEmitter& lane) {
 TEST_CASE("R4 randomized: 8 rank threads with random outcomes and drain timing settle each key once as the model says") {
   for (std::uint64_t seed : {1ULL, 2ULL}) {
     CAPTURE(seed);
-    TpQuorumConfig cfg;
+    TpQuorumOptions cfg;
     cfg.world_size = world;
     cfg.lanes_per_rank = 1;
     cfg.lane_capacity = 64;  // small enough that lanes fill and back off now and then
@@ -160,7 +160,7 @@ TEST_CASE("R4 randomized: 8 rank threads with random outcomes and drain timing s
     Index index;
     SettlementPump<TpQuorum, Index> pump(group, index);
     for (std::uint64_t k = 0; k < keys; ++k) index.outstanding.insert(LoadKey{RequestId{k}, Generation{k + 1}});
-    for (std::uint64_t i = 0; i < stores; ++i) index.saves.insert(StoreKey{PrefixHash{i}, Generation{i + 1}});
+    for (std::uint64_t i = 0; i < stores; ++i) index.saves.insert(SaveKey{PrefixHash{i}, Generation{i + 1}});
 
     std::vector<LaneEmitter> lanes;
     for (std::uint32_t r = 0; r < world; ++r) lanes.push_back(group.emitter(r, 0));
@@ -208,7 +208,7 @@ TEST_CASE("R4 randomized: 8 rank threads with random outcomes and drain timing s
     CHECK(ok < keys);
     REQUIRE(index.stores.size() == 2 * stores);  // released, then stored, per save
     std::uint64_t wrong_stores = 0;
-    std::unordered_map<StoreKey, int> phases_seen;
+    std::unordered_map<SaveKey, int> phases_seen;
     for (const SaveSettlement& s : index.stores) {
       if (!(s == save_reference(seed, s.key.hash.value, s.phase))) ++wrong_stores;
       // The released phase of a save always settles before its stored phase.

@@ -26,7 +26,7 @@ constexpr std::uint64_t per_lane = total_records / 2;
 void produce(LaneEmitter& lane, std::uint64_t lane_id) {
   for (std::uint64_t i = 0; i < per_lane; ++i) {
     if (i % 3 == 2) {
-      lane.emit(SaveRecord{StoreKey{PrefixHash{i}, Generation{lane_id + 1}}, 0, SavePhase::stored, i % 2 == 0, Reason::none});
+      lane.emit(SaveRecord{SaveKey{PrefixHash{i}, Generation{lane_id + 1}}, 0, SavePhase::stored, i % 2 == 0, Reason::none});
     } else {
       lane.emit(CompletionRecord{LoadKey{RequestId{i}, Generation{lane_id + 1}}, 0, KvOutcome::ok, StateOutcome::none,
                                  Reason::none});
@@ -55,7 +55,7 @@ struct OrderCheck {
 }  // namespace
 
 TEST_CASE("R20 with a tiny queue and a slow drain every record arrives in order per lane and none is lost") {
-  RankQueue queue(0, RankQueueConfig{2, 4, Backoff{}});
+  RankQueue queue(0, RankQueueOptions{2, 4, Backoff{}});
   LaneEmitter lane0 = queue.emitter(0);
   LaneEmitter lane1 = queue.emitter(1);
   std::atomic<int> producers_done{0};
@@ -101,7 +101,7 @@ TEST_CASE("R20 with a tiny queue and a slow drain every record arrives in order 
 }
 
 TEST_CASE("R20 the drain never blocks: an empty or idle queue drains nothing and returns") {
-  RankQueue queue(3, RankQueueConfig{3, 8, {}});
+  RankQueue queue(3, RankQueueOptions{3, 8, {}});
   OrderCheck check;
   CHECK(queue.drain(check) == 0);
   LaneEmitter lane = queue.emitter(2);
@@ -115,7 +115,7 @@ TEST_CASE("R20 the drain never blocks: an empty or idle queue drains nothing and
 }
 
 TEST_CASE("R20 after close() a producer blocked on a full queue returns and the drop is counted") {
-  RankQueue queue(0, RankQueueConfig{1, 1, Backoff{4, 4, 20us}});
+  RankQueue queue(0, RankQueueOptions{1, 1, Backoff{4, 4, 20us}});
   LaneEmitter lane = queue.emitter(0);
   std::atomic<bool> done{false};
   std::thread producer([&] {

@@ -24,7 +24,7 @@ constexpr CompletionRecord sample_load{LoadKey{RequestId{0x0102030405060708ULL},
                                        0x21222324U,          KvOutcome::failed,
                                        StateOutcome::missed, Reason::kv_chunk_missing,
                                        Reason::entry_size_mismatch};
-constexpr SaveRecord sample_save{StoreKey{PrefixHash{0xA1A2A3A4A5A6A7A8ULL}, Generation{42}}, 7, SavePhase::released, true,
+constexpr SaveRecord sample_save{SaveKey{PrefixHash{0xA1A2A3A4A5A6A7A8ULL}, Generation{42}}, 7, SavePhase::released, true,
                                  Reason::source_unconfirmed};
 
 // Round trips hold at compile time: the codec is constexpr.
@@ -74,7 +74,7 @@ TEST_CASE("records: every outcome and phase and reason round-trips") {
   for (SavePhase phase : {SavePhase::released, SavePhase::stored})
     for (int ok = 0; ok <= 1; ++ok)
       for (int reason = 0; reason <= static_cast<int>(last_reason); ++reason) {
-        const SaveRecord r{StoreKey{PrefixHash{5}, Generation{~0ULL}}, ~0U, phase, ok == 1, static_cast<Reason>(reason)};
+        const SaveRecord r{SaveKey{PrefixHash{5}, Generation{~0ULL}}, ~0U, phase, ok == 1, static_cast<Reason>(reason)};
         const auto d = from_bytes<SaveRecord>(to_bytes(r));
         REQUIRE(d.ok());
         CHECK(d.record == r);

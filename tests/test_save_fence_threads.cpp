@@ -216,7 +216,7 @@ TEST_CASE("R13 when not even the device can be synchronized fence() refuses inst
   CHECK(fence.fence(copy));
 }
 
-TEST_CASE("R13 steps and concurrent store lanes: every save reads its own step's bytes") {
+TEST_CASE("R13 steps and concurrent save lanes: every save reads its own step's bytes") {
   // The step thread runs the forwards and begin_step; two store threads fence and copy.
   // Each step's forward writes its own source buffer, so any copy that is not ordered
   // after its forward is both a wrong byte here and a data race for ThreadSanitizer.
@@ -243,7 +243,7 @@ TEST_CASE("R13 steps and concurrent store lanes: every save reads its own step's
   std::condition_variable cv;
   std::deque<int> pending;
   bool finished = false;
-  auto store_lane = [&] {
+  auto save_lane = [&] {
     auto copy = rt.make_stream();
     for (;;) {
       int step = -1;
@@ -259,7 +259,7 @@ TEST_CASE("R13 steps and concurrent store lanes: every save reads its own step's
       CHECK(rt.synchronize(copy));
     }
   };
-  std::thread lane1(store_lane), lane2(store_lane);
+  std::thread lane1(save_lane), lane2(save_lane);
   for (int i = 0; i < steps; ++i) {
     if (i % 7 == 3) rt.fail(RuntimeCall::record, 1);  // some steps fall back
     REQUIRE(rt.inner().launch_host_func(compute, &Write::run, &writes[i]));

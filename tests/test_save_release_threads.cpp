@@ -15,7 +15,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-/// What happened on the store lane, in order. Any thread appends.
+/// What happened on the save lane, in order. Any thread appends.
 struct EventLog {
   std::mutex mutex;
   std::vector<std::string> events;
@@ -176,7 +176,7 @@ TEST_CASE("R13 a KV save's release and its put both come after the synchronize t
   const RankGeometry& g = rank.pools.geo;
   rank.pools.write_prompt(block_range(0, 4), g.chunk_tokens);
   // Slots are a separate allocation: mark them device memory too by saving KV only here.
-  rank.conn->save_kv(KvSave{StoreKey{PrefixHash{7}, Generation{1}}, {PrefixHash{7}}, block_range(0, 4)});
+  rank.conn->save_kv(KvSave{SaveKey{PrefixHash{7}, Generation{1}}, {PrefixHash{7}}, block_range(0, 4)});
   REQUIRE(drain_until(rank.group, rank.records, [&] { return rank.records.stores.size() == 2; }));
   const auto events = rank.store_lane_events();
   CAPTURE(events.size());
@@ -211,7 +211,7 @@ TEST_CASE("R13 a state save's release and its put both come after the synchroniz
   rank.rt.device_lo = rank.pools.slots;  // this time the gather reads a slot
   rank.rt.device_hi = rank.pools.slots + g.num_slots * g.slot_bytes;
   rank.pools.write_state(SlotId{1}, PrefixHash{9});
-  rank.conn->store_state(StateStore{StoreKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
+  rank.conn->save_state(StateSave{SaveKey{PrefixHash{9}, Generation{1}}, SlotId{1}, 48});
   REQUIRE(drain_until(rank.group, rank.records, [&] { return rank.records.stores.size() == 2; }));
   const auto events = rank.store_lane_events();
   const auto gather = last_index_of(events, "gather");
@@ -236,7 +236,7 @@ TEST_CASE("R1 early block release: a save reports released while its put is stil
   Gate gate;
   rank.tier.gate = &gate;
   rank.pools.write_prompt(block_range(0, 4), rank.pools.geo.chunk_tokens);
-  const StoreKey key{PrefixHash{7}, Generation{1}};
+  const SaveKey key{PrefixHash{7}, Generation{1}};
   rank.conn->save_kv(KvSave{key, {PrefixHash{7}}, block_range(0, 4)});
   REQUIRE(eventually([&] { return gate.entered.load(); }));  // the put is in progress and held
   REQUIRE(drain_until(rank.group, rank.records, [&] { return rank.records.stores.size() == 1; }));
@@ -276,7 +276,7 @@ TEST_CASE("R1 a save whose leg throws still reports released but only after the 
     rt.device_hi = pools.blocks + pools.geo.num_blocks * pools.geo.block_bytes();
     Connector<ThrowingSaveKv, NoState, LoggingGroup, SlowGatherRuntime> conn(pools.geo, rt, pools.memory(), ThrowingSaveKv{},
                                                                               NoState{}, group);
-    const StoreKey key{PrefixHash{3}, Generation{1}};
+    const SaveKey key{PrefixHash{3}, Generation{1}};
     conn.save_kv(KvSave{key, {PrefixHash{3}}, block_range(0, 4)});
     RecordLog records;
     REQUIRE(drain_until(group, records, [&] { return records.stores.size() == 2; }));

@@ -1,7 +1,7 @@
 // kvfuse/error.hpp — the one exception type kvfuse throws.
 //
 // Configuration and construction errors throw kvfuse::Error (R19). Hot paths (load,
-// store, report, drain, settle) never throw: they report outcomes instead.
+// save, report, drain, settle) never throw: they report outcomes instead.
 #pragma once
 
 #include <stdexcept>

@@ -7,7 +7,7 @@
 int main() {
   kvfuse::GenerationSource generations;
   const kvfuse::LoadKey key{kvfuse::RequestId{7}, generations.next()};
-  const kvfuse::ChunkGrid grid = kvfuse::ChunkGrid::make(256);
+  const kvfuse::TokenGrid grid = kvfuse::TokenGrid::make(256);
   if (grid.ceil(300) != 512 || key.generation.value != 1) return 1;
   std::printf("consumer ok: %s\n", kvfuse::to_string(key).c_str());
   return 0;

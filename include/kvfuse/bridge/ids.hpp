@@ -81,45 +81,44 @@ struct LoadKey {
   friend constexpr auto operator<=>(const LoadKey&, const LoadKey&) noexcept = default;
 };
 
-/// The one identity of a save (a state store or a KV save): what it stores, and which
+/// The one identity of a save (a state save or a KV save): what it stores, and which
 /// dispatch of it, so a repeated save of the same hash is never confused with the last.
-struct StoreKey {
+struct SaveKey {
   PrefixHash hash;
   Generation generation;
-  friend constexpr auto operator<=>(const StoreKey&, const StoreKey&) noexcept = default;
+  friend constexpr auto operator<=>(const SaveKey&, const SaveKey&) noexcept = default;
 };
 
 /// Token positions and counts.
 using TokenCount = std::uint64_t;
 
-/// The chunk grid: the tier stores and retrieves whole chunks of `chunk_tokens` tokens.
-/// Construct with ChunkGrid::make, which refuses zero. All helpers are constexpr, noexcept
+/// A grid of `step` tokens: the chunk grid (the tier stores and retrieves whole chunks) and
+/// the block/checkpoint grid (paged KV blocks; state checkpoints) are both TokenGrids.
+/// Construct with TokenGrid::make, which refuses zero. All helpers are constexpr, noexcept
 /// and thread-safe.
-struct ChunkGrid {
-  std::uint32_t chunk_tokens = 256;
+struct TokenGrid {
+  std::uint32_t step = 256;  ///< tokens per cell (chunk or block)
 
-  /// A grid of `tokens` per chunk; throws Error(invalid_argument) naming the value if zero.
-  static ChunkGrid make(std::uint32_t tokens) {
-    if (tokens == 0) throw Error(ErrorCode::invalid_argument, "chunk_tokens must be > 0, got 0");
-    return ChunkGrid{tokens};
+  /// A grid of `tokens` per cell; throws Error(invalid_argument) naming the value if zero.
+  static TokenGrid make(std::uint32_t tokens) {
+    if (tokens == 0) throw Error(ErrorCode::invalid_argument, "a token grid's step must be > 0 tokens, got 0");
+    return TokenGrid{tokens};
   }
-  /// Largest multiple of chunk_tokens <= t.
-  [[nodiscard]] constexpr TokenCount floor(TokenCount t) const noexcept { return t - t % chunk_tokens; }
-  /// Smallest multiple of chunk_tokens >= t.
-  [[nodiscard]] constexpr TokenCount ceil(TokenCount t) const noexcept { return floor(t + chunk_tokens - 1); }
+  /// Largest multiple of step <= t.
+  [[nodiscard]] constexpr TokenCount floor(TokenCount t) const noexcept { return t - t % step; }
+  /// Smallest multiple of step >= t.
+  [[nodiscard]] constexpr TokenCount ceil(TokenCount t) const noexcept { return floor(t + step - 1); }
   /// Whether t lies on the grid.
-  [[nodiscard]] constexpr bool aligned(TokenCount t) const noexcept { return t % chunk_tokens == 0; }
-  /// Index of the chunk that holds token t.
-  [[nodiscard]] constexpr std::uint64_t chunk_of(TokenCount t) const noexcept { return t / chunk_tokens; }
-  /// Number of chunks needed to cover [0, t).
-  [[nodiscard]] constexpr std::uint64_t chunks_covering(TokenCount t) const noexcept {
-    return (t + chunk_tokens - 1) / chunk_tokens;
-  }
-  friend constexpr bool operator==(ChunkGrid, ChunkGrid) noexcept = default;
+  [[nodiscard]] constexpr bool aligned(TokenCount t) const noexcept { return t % step == 0; }
+  /// Index of the cell that holds token t.
+  [[nodiscard]] constexpr std::uint64_t cell_of(TokenCount t) const noexcept { return t / step; }
+  /// Number of cells needed to cover [0, t).
+  [[nodiscard]] constexpr std::uint64_t cells_covering(TokenCount t) const noexcept { return (t + step - 1) / step; }
+  friend constexpr bool operator==(TokenGrid, TokenGrid) noexcept = default;
 };
 
 static_assert(std::is_trivially_copyable_v<LoadKey> && sizeof(LoadKey) == 16);
-static_assert(std::is_trivially_copyable_v<StoreKey> && sizeof(StoreKey) == 16);
+static_assert(std::is_trivially_copyable_v<SaveKey> && sizeof(SaveKey) == 16);
 
 /// "{request R, generation G}", for logs and error messages. Thread-safe; allocates.
 inline std::string to_string(LoadKey key) {
@@ -155,8 +154,8 @@ struct std::hash<kvfuse::LoadKey> {
   }
 };
 template <>
-struct std::hash<kvfuse::StoreKey> {
-  std::size_t operator()(const kvfuse::StoreKey& k) const noexcept {
+struct std::hash<kvfuse::SaveKey> {
+  std::size_t operator()(const kvfuse::SaveKey& k) const noexcept {
     return kvfuse::detail::mix64(k.hash.value ^ kvfuse::detail::mix64(k.generation.value));
   }
 };

@@ -104,7 +104,7 @@ struct CompletionRecord {
 ///             confirmed: the source must stay pinned);
 ///   stored:   ok = this rank's tier holds the bytes.
 struct SaveRecord {
-  StoreKey key;
+  SaveKey key;
   std::uint32_t rank = 0;
   SavePhase phase = SavePhase::stored;
   bool ok = false;
@@ -147,7 +147,7 @@ struct Settlement {
 ///             (early block release, long before the store lands);
 ///   stored:   ok = every rank stored: a state save's hash may be indexed.
 struct SaveSettlement {
-  StoreKey key;
+  SaveKey key;
   SavePhase phase = SavePhase::stored;
   bool ok = false;
   friend bool operator==(const SaveSettlement&, const SaveSettlement&) = default;
@@ -294,7 +294,7 @@ constexpr DecodeError check_frame(std::span<const std::byte> in, std::uint8_t ki
   else if (ok > 1) d.error = DecodeError::bad_bool;
   else if (reason > static_cast<std::uint16_t>(last_reason)) d.error = DecodeError::bad_reason;
   if (!d.ok()) return d;
-  d.record.key = StoreKey{PrefixHash{detail::get_le(in.data(), 8)}, Generation{detail::get_le(in.data() + 8, 8)}};
+  d.record.key = SaveKey{PrefixHash{detail::get_le(in.data(), 8)}, Generation{detail::get_le(in.data() + 8, 8)}};
   d.record.rank = static_cast<std::uint32_t>(detail::get_le(in.data() + 16, 4));
   d.record.phase = static_cast<SavePhase>(phase);
   d.record.ok = ok == 1;

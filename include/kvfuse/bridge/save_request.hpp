@@ -8,7 +8,7 @@
 namespace kvfuse {
 
 /// What a save holds. OffloadIndex::request_save knows it from the save's type (KvSave or
-/// StateStore): a save record does not carry it, and the index is the one owner of what
+/// StateSave): a save record does not carry it, and the index is the one owner of what
 /// each outstanding save was.
 enum class SaveKind : std::uint8_t {
   state = 0,  ///< a state checkpoint: its hash is indexed when every rank stored it
@@ -21,18 +21,18 @@ enum class SaveKind : std::uint8_t {
 /// block_tokens blocks per chunk. `key.hash` names the save (usually the last chunk's
 /// key); OffloadIndex::request_save issues the generation.
 struct KvSave {
-  StoreKey key;
+  SaveKey key;
   std::vector<PrefixHash> chunk_keys;
   std::vector<BlockId> blocks;
   friend bool operator==(const KvSave&, const KvSave&) = default;
 };
 
 /// Save the state checkpoint held in `source` at `boundary_tokens` under `key.hash`.
-struct StateStore {
-  StoreKey key;
+struct StateSave {
+  SaveKey key;
   SlotId source;
   TokenCount boundary_tokens = 0;
-  friend bool operator==(const StateStore&, const StateStore&) = default;
+  friend bool operator==(const StateSave&, const StateSave&) = default;
 };
 
 }  // namespace kvfuse

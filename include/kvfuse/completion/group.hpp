@@ -63,7 +63,7 @@ namespace detail {
 // Archetypes: the weakest types a group must accept, used only to state the concepts.
 struct AdmitArchetype {
   bool operator()(LoadKey) const noexcept;
-  bool operator()(StoreKey) const noexcept;
+  bool operator()(SaveKey) const noexcept;
 };
 struct SinkArchetype {
   void operator()(const Settlement&) noexcept;
@@ -80,48 +80,48 @@ struct DrainArchetype {
 /// one producing thread (the lane that owns the emitter); never loses a record; never blocks
 /// on the consumer except the counted back-off of a full queue.
 template <class E>
-concept RecordEmitter = requires(E& e, const CompletionRecord& load, const SaveRecord& store) {
+concept RecordEmitter = requires(E& e, const CompletionRecord& load, const SaveRecord& save) {
   { e.emit(load) } noexcept;
-  { e.emit(store) } noexcept;
+  { e.emit(save) } noexcept;
 };
 
-/// An engine-side admission predicate: admit(LoadKey) / admit(StoreKey) -> bool, noexcept.
+/// An engine-side admission predicate: admit(LoadKey) / admit(SaveKey) -> bool, noexcept.
 /// It is asked only before a key's first record would create a pending entry (R3).
 template <class A>
-concept AdmitPolicy = requires(A& admit, LoadKey load, StoreKey store) {
+concept AdmitPolicy = requires(A& admit, LoadKey load, SaveKey save) {
   { admit(load) } noexcept -> std::convertible_to<bool>;
-  { admit(store) } noexcept -> std::convertible_to<bool>;
+  { admit(save) } noexcept -> std::convertible_to<bool>;
 };
 
 /// An engine-side receiver of settlements: sink(const Settlement&) and
 /// sink(const SaveSettlement&), noexcept. Called once per settled key.
 template <class S>
-concept SettlementSink = requires(S& sink, const Settlement& load, const SaveSettlement& store) {
+concept SettlementSink = requires(S& sink, const Settlement& load, const SaveSettlement& save) {
   { sink(load) } noexcept;
-  { sink(store) } noexcept;
+  { sink(save) } noexcept;
 };
 
 /// A completion group: G::Emitter models RecordEmitter, plus the engine-side merger.
 ///   world_size()                       ranks in the group
 ///   emitter(rank, lane)                claims a lane's producer handle (throws kvfuse::Error)
-///   drain(visitor)                     visitor(rank, record) for every queued record; engine thread
-///   merge(source_rank, record, admit, sink)   one record into the merge; engine thread, noexcept
-///   mark_rank_dead(rank, sink)         stop waiting on `rank`; engine thread
-///   mark_rank_alive(rank, generation)  count `rank` again for keys from `generation` on; engine thread
-///   forget(load_key)                   drop a key the index resolved without its ranks; engine thread, noexcept
+///   drain(visitor)                     visitor(rank, record) for every queued record; scheduler thread
+///   merge(source_rank, record, admit, sink)   one record into the merge; scheduler thread, noexcept
+///   mark_rank_dead(rank, sink)         stop waiting on `rank`; scheduler thread
+///   mark_rank_alive(rank, generation)  count `rank` again for keys from `generation` on; scheduler thread
+///   forget(load_key)                   drop a key the index resolved without its ranks; scheduler thread, noexcept
 ///   set_time(now)                      the time stamped on keys first seen from now on
 ///   stats()                            GroupStats, O(1)
 template <class G>
 concept CompletionGroup =
     requires { typename G::Emitter; } && RecordEmitter<typename G::Emitter> &&
     requires(G& g, const G& cg, std::uint32_t rank, std::size_t lane, const LoadKey& load_key, const CompletionRecord& load,
-             const SaveRecord& store, detail::AdmitArchetype& admit, detail::SinkArchetype& sink,
+             const SaveRecord& save, detail::AdmitArchetype& admit, detail::SinkArchetype& sink,
              detail::DrainArchetype& visitor, std::chrono::steady_clock::time_point now) {
       { cg.world_size() } noexcept -> std::same_as<std::uint32_t>;
       { g.emitter(rank, lane) } -> std::same_as<typename G::Emitter>;
       { g.drain(visitor) } noexcept -> std::same_as<std::size_t>;
       { g.merge(rank, load, admit, sink) } noexcept -> std::same_as<MergeResult>;
-      { g.merge(rank, store, admit, sink) } noexcept -> std::same_as<MergeResult>;
+      { g.merge(rank, save, admit, sink) } noexcept -> std::same_as<MergeResult>;
       g.mark_rank_dead(rank, sink);
       g.mark_rank_alive(rank, Generation{});
       { g.forget(load_key) } noexcept;
@@ -133,7 +133,7 @@ concept CompletionGroup =
 /// guarantee rests on tombstones alone, which are bounded; engines use SettlementPump.
 struct AdmitAll {
   constexpr bool operator()(LoadKey) const noexcept { return true; }
-  constexpr bool operator()(StoreKey) const noexcept { return true; }
+  constexpr bool operator()(SaveKey) const noexcept { return true; }
 };
 
 }  // namespace kvfuse

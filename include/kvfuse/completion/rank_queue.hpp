@@ -1,11 +1,11 @@
 // kvfuse/completion/rank_queue.hpp — one rank's lock-free verdict path to the engine (R20).
 //
 // A RankQueue holds one bounded single-producer/single-consumer queue per producing lane of
-// one rank (KV load lane, state lane, store lane...). Each lane pushes through its own
+// one rank (KV load lane, state lane, save lane...). Each lane pushes through its own
 // LaneEmitter; one consumer (the engine's settle thread) drains every lane in turn.
 //
 //   lane thread ──emit──► [spsc lane 0] ─┐
-//   lane thread ──emit──► [spsc lane 1] ─┼──► drain(visitor)  (engine thread)
+//   lane thread ──emit──► [spsc lane 1] ─┼──► drain(visitor)  (scheduler thread)
 //   lane thread ──emit──► [spsc lane 2] ─┘
 //
 // Both record types travel in one 32-byte envelope, so a lane needs one queue and per-lane
@@ -79,7 +79,7 @@ struct Backoff {
 };
 
 /// Shape of one rank's queues. `capacity` is per lane, in records.
-struct RankQueueConfig {
+struct RankQueueOptions {
   std::size_t lanes = 3;
   std::size_t capacity = 4096;
   Backoff backoff{};
@@ -126,7 +126,7 @@ struct alignas(64) LaneQueue {
 
 class RankQueue;
 
-/// The producer handle of one lane: the RecordEmitter a lane's load and store tasks emit
+/// The producer handle of one lane: the RecordEmitter a lane's load and save tasks emit
 /// through. Move-only; exactly one thread (the lane's) may emit through it at a time.
 /// Destroying it returns the lane, so it can be claimed again. The RankQueue must outlive it.
 class LaneEmitter {
@@ -214,7 +214,7 @@ class LaneEmitter {
 class RankQueue {
  public:
   /// Throws Error(invalid_argument) naming the value if `lanes` or `capacity` is zero.
-  RankQueue(std::uint32_t rank, RankQueueConfig config) : rank_(rank), backoff_(config.backoff) {
+  RankQueue(std::uint32_t rank, RankQueueOptions config) : rank_(rank), backoff_(config.backoff) {
     if (config.lanes == 0)
       throw Error(ErrorCode::invalid_argument, "RankQueue lanes must be > 0, got 0 (rank " + std::to_string(rank) + ")");
     if (config.capacity == 0)

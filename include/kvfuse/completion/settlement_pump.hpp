@@ -13,7 +13,7 @@
 // undispatched, orphans reclaimed. A scheduler that unparks from it cannot strand a request.
 //
 // The gate (R3). The index is the source of truth: a load record whose key has no pending
-// entry is admitted only if index.is_outstanding(key) (in flight), a save record only if
+// entry is admitted only if index.is_in_flight(key) (in flight), a save record only if
 // index.is_save_in_flight(key); otherwise it is late, dropped before it can create a
 // partial entry that would wait forever. Tombstones are only the fast path in front of
 // that check. Keys the index resolved without its ranks leave the group at the start of
@@ -35,8 +35,8 @@
 namespace kvfuse {
 
 /// What the pump needs from the engine's index (kvfuse::OffloadIndex models it):
-///   is_outstanding(LoadKey) const noexcept -> bool     admit a load record (in flight)
-///   is_save_in_flight(StoreKey) const noexcept -> bool admit a save record
+///   is_in_flight(LoadKey) const noexcept -> bool     admit a load record (in flight)
+///   is_save_in_flight(SaveKey) const noexcept -> bool admit a save record
 ///   settle(const Settlement&) -> bool                  a load its ranks settled
 ///   settle_save(const SaveSettlement&) -> bool         one phase of a save
 ///   drain_resolutions(vector&) noexcept                append the scheduler's stream; all or nothing
@@ -44,11 +44,11 @@ namespace kvfuse {
 ///   last_issued() -> Generation                        for mark_rank_alive
 /// Everything but last_issued is called from the pump's noexcept paths: it must not throw.
 template <class I>
-concept SettlementIndex = requires(I& index, const I& cindex, const LoadKey& key, const StoreKey& save_key,
+concept SettlementIndex = requires(I& index, const I& cindex, const LoadKey& key, const SaveKey& save_key,
                                    const Settlement& load, const SaveSettlement& save,
                                    std::vector<LoadResolution>& resolutions,
                                    void (*on_forgotten)(const LoadKey&) noexcept) {
-  { cindex.is_outstanding(key) } noexcept -> std::convertible_to<bool>;
+  { cindex.is_in_flight(key) } noexcept -> std::convertible_to<bool>;
   { cindex.is_save_in_flight(save_key) } noexcept -> std::convertible_to<bool>;
   { index.settle(load) } -> std::convertible_to<bool>;
   { index.settle_save(save) } -> std::convertible_to<bool>;
@@ -154,9 +154,9 @@ class SettlementPump {
   struct Admit {
     SettlementPump* self;
     bool operator()(LoadKey key) const noexcept {
-      return static_cast<bool>(std::as_const(self->index_).is_outstanding(key));
+      return static_cast<bool>(std::as_const(self->index_).is_in_flight(key));
     }
-    bool operator()(StoreKey key) const noexcept {
+    bool operator()(SaveKey key) const noexcept {
       return static_cast<bool>(std::as_const(self->index_).is_save_in_flight(key));
     }
   };

@@ -26,23 +26,23 @@
 namespace kvfuse {
 
 /// Shape of a SingleRank group.
-struct SingleRankConfig {
+struct SingleRankOptions {
   std::size_t lanes = 3;             ///< producing lanes; 0 = no in-process queue (records arrive via ingest)
   std::size_t lane_capacity = 4096;  ///< records per lane queue
   Backoff backoff{};                 ///< how a producer waits on a full lane queue
 };
 
 /// The one-rank group. Rank side: emitter(0, lane). Engine side: drain + merge from one
-/// engine thread (not thread-safe; the lane queues are the only thread boundary).
+/// scheduler thread (not thread-safe; the lane queues are the only thread boundary).
 /// Non-copyable, non-movable.
 class SingleRank {
  public:
   using Emitter = LaneEmitter;
 
   /// Throws Error(invalid_argument) naming the value if lane_capacity is 0 with lanes.
-  explicit SingleRank(SingleRankConfig config = {}) {
+  explicit SingleRank(SingleRankOptions config = {}) {
     if (config.lanes > 0)
-      queue_ = std::make_unique<RankQueue>(0, RankQueueConfig{config.lanes, config.lane_capacity, config.backoff});
+      queue_ = std::make_unique<RankQueue>(0, RankQueueOptions{config.lanes, config.lane_capacity, config.backoff});
   }
   SingleRank(const SingleRank&) = delete;
   SingleRank& operator=(const SingleRank&) = delete;
@@ -61,7 +61,7 @@ class SingleRank {
     return *queue_;
   }
 
-  /// Visits every queued record: visitor(0, record). Engine thread only; noexcept.
+  /// Visits every queued record: visitor(0, record). Scheduler thread only; noexcept.
   template <class Visitor>
   std::size_t drain(Visitor& visitor) noexcept {
     if (!queue_) return 0;
@@ -70,7 +70,7 @@ class SingleRank {
   }
 
   /// Settles one load record at once if `admit(key)`: Settlement{key, record_ok,
-  /// record_missed_state}. Engine thread only; noexcept.
+  /// record_missed_state}. Scheduler thread only; noexcept.
   template <AdmitPolicy Admit, SettlementSink Sink>
   MergeResult merge(std::uint32_t source_rank, const CompletionRecord& r, Admit& admit, Sink& sink) noexcept {
     const MergeResult gate = check(source_rank, r.rank, r.key, admit);
@@ -81,7 +81,7 @@ class SingleRank {
   }
 
   /// Settles one phase of a save at once if `admit(key)`: the rank's `released` record is
-  /// the released settlement, its `stored` record the stored one. Engine thread only; noexcept.
+  /// the released settlement, its `stored` record the stored one. Scheduler thread only; noexcept.
   template <AdmitPolicy Admit, SettlementSink Sink>
   MergeResult merge(std::uint32_t source_rank, const SaveRecord& r, Admit& admit, Sink& sink) noexcept {
     const MergeResult gate = check(source_rank, r.rank, r.key, admit);
@@ -101,7 +101,7 @@ class SingleRank {
 
   /// The only rank died: its later records are dropped and counted. Nothing is pending in
   /// this group, so nothing settles here: the engine fails its outstanding loads through
-  /// its index. Throws Error naming the rank if it is not 0. Engine thread.
+  /// its index. Throws Error naming the rank if it is not 0. Scheduler thread.
   template <SettlementSink Sink>
   void mark_rank_dead(std::uint32_t rank, Sink& /*sink*/) {
     check_rank(rank, "dead");
@@ -110,7 +110,7 @@ class SingleRank {
 
   /// The rank is back: its records count again for keys of generation `first_counted` or
   /// later; older ones are dropped as dead-rank reports. No-op if it is alive. Throws Error
-  /// naming the rank if it is not 0. Engine thread.
+  /// naming the rank if it is not 0. Scheduler thread.
   void mark_rank_alive(std::uint32_t rank, Generation first_counted) {
     check_rank(rank, "alive");
     if (!dead_) return;
@@ -125,7 +125,7 @@ class SingleRank {
   /// No pending keys, so no clock is needed. noexcept.
   void set_time(std::chrono::steady_clock::time_point /*now*/) noexcept {}
 
-  /// Counters; pending is always 0. Engine thread; O(lanes).
+  /// Counters; pending is always 0. Scheduler thread; O(lanes).
   [[nodiscard]] GroupStats stats() const noexcept {
     GroupStats s = counters_;
     s.world_size = 1;

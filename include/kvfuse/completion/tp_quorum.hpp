@@ -38,7 +38,7 @@ namespace kvfuse {
 
 /// Shape of a TpQuorum. Checked at construction: a bad value throws kvfuse::Error
 /// (invalid_argument) naming it.
-struct TpQuorumConfig {
+struct TpQuorumOptions {
   std::uint32_t world_size = 1;        ///< ranks, 1..64
   std::size_t lanes_per_rank = 3;      ///< producing lanes per rank; 0 = no in-process queues (records
                                        ///< arrive through SettlementPump::ingest from a transport)
@@ -49,7 +49,7 @@ struct TpQuorumConfig {
 };
 
 /// The TP group. Rank side: emitter(rank, lane) hands out LaneEmitters over per-rank
-/// RankQueues. Engine side: drain + merge + mark_rank_dead, all from one engine thread
+/// RankQueues. Engine side: drain + merge + mark_rank_dead, all from one scheduler thread
 /// (not thread-safe; the queues are the only thread boundary). Non-copyable, non-movable.
 class TpQuorum {
  public:
@@ -58,7 +58,7 @@ class TpQuorum {
 
   /// Throws Error(invalid_argument) naming the value for world_size outside 1..64,
   /// tombstones == 0, or lane_capacity == 0 with lanes.
-  explicit TpQuorum(TpQuorumConfig config)
+  explicit TpQuorum(TpQuorumOptions config)
       : world_(check(config).world_size),
         all_mask_(world_ == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << world_) - 1),
         loads_(config.tombstones, config.expected_pending),
@@ -68,7 +68,7 @@ class TpQuorum {
       queues_.reserve(world_);
       for (std::uint32_t r = 0; r < world_; ++r)
         queues_.push_back(std::make_unique<RankQueue>(
-            r, RankQueueConfig{config.lanes_per_rank, config.lane_capacity, config.backoff}));
+            r, RankQueueOptions{config.lanes_per_rank, config.lane_capacity, config.backoff}));
     }
   }
   TpQuorum(const TpQuorum&) = delete;
@@ -92,7 +92,7 @@ class TpQuorum {
     return *queues_[rank];
   }
 
-  /// Visits every queued record, rank by rank: visitor(rank, record). Engine thread only;
+  /// Visits every queued record, rank by rank: visitor(rank, record). Scheduler thread only;
   /// never blocks a producer; noexcept. Returns the number of records visited.
   template <class Visitor>
   std::size_t drain(Visitor& visitor) noexcept {
@@ -104,7 +104,7 @@ class TpQuorum {
     return n;
   }
 
-  /// Merges one load record that arrived from `source_rank`. Engine thread only; noexcept.
+  /// Merges one load record that arrived from `source_rank`. Scheduler thread only; noexcept.
   /// `admit(key)` is asked only when the record would create a new pending entry; a key it
   /// refuses is late. A settled key goes to `sink` exactly once.
   template <AdmitPolicy Admit, SettlementSink Sink>
@@ -150,7 +150,7 @@ class TpQuorum {
 
   /// Merges one save record that arrived from `source_rank`. Its phase settles on its own:
   /// `released` when every rank released, `stored` when every rank stored; the key leaves
-  /// the table once both phases settled. Engine thread only; noexcept.
+  /// the table once both phases settled. Scheduler thread only; noexcept.
   template <AdmitPolicy Admit, SettlementSink Sink>
   MergeResult merge(std::uint32_t source_rank, const SaveRecord& r, Admit& admit, Sink& sink) noexcept {
     const MergeResult gate = gate_record(source_rank, r.rank, r.key.generation);
@@ -182,7 +182,7 @@ class TpQuorum {
   }
 
   /// Merges a batch of records that arrived from `source_rank` (a transport's delivery).
-  /// Returns how many settled a key. Engine thread only; noexcept.
+  /// Returns how many settled a key. Scheduler thread only; noexcept.
   template <class Record, AdmitPolicy Admit, SettlementSink Sink>
   std::size_t ingest(std::uint32_t source_rank, std::span<const Record> records, Admit& admit, Sink& sink) noexcept {
     std::size_t settled = 0;
@@ -197,7 +197,7 @@ class TpQuorum {
   /// key still waiting on a live rank settles (failed) when that rank reports, never
   /// earlier, because that rank may still be writing the destination. Later records from
   /// the rank are dropped and counted. Idempotent. Throws Error naming the rank if out of
-  /// range; may allocate (std::bad_alloc). Engine thread only. O(pending).
+  /// range; may allocate (std::bad_alloc). Scheduler thread only. O(pending).
   template <SettlementSink Sink>
   void mark_rank_dead(std::uint32_t rank, Sink& sink) {
     check_rank(rank, "dead");
@@ -217,9 +217,9 @@ class TpQuorum {
         sink(s);
       }
     }
-    saves_.collect([bit](const StoreKey&, const auto& e) noexcept { return ((e.reported & e.acc.released) & bit) == 0; },
+    saves_.collect([bit](const SaveKey&, const auto& e) noexcept { return ((e.reported & e.acc.released) & bit) == 0; },
                    save_scratch_);
-    for (const StoreKey& key : save_scratch_) {
+    for (const SaveKey& key : save_scratch_) {
       auto* e = saves_.find(key);
       if ((e->reported & bit) == 0) {
         e->reported |= bit;
@@ -235,7 +235,7 @@ class TpQuorum {
   /// before stay substituted for it, and its records for them are dropped as dead-rank
   /// reports: a restarted rank lost what it was doing, and a record it sent before it died
   /// must not count. No-op for a live rank. Throws Error naming the rank if out of range.
-  /// Engine thread only; O(1).
+  /// Scheduler thread only; O(1).
   void mark_rank_alive(std::uint32_t rank, Generation first_counted) {
     check_rank(rank, "alive");
     const std::uint64_t bit = std::uint64_t{1} << rank;
@@ -247,22 +247,22 @@ class TpQuorum {
 
   /// The index resolved `key` without its ranks (reclaimed, failed or abandoned by key):
   /// its pending entry goes, and later records for it are late (R3). O(1); noexcept.
-  /// Engine thread only.
+  /// Scheduler thread only.
   void forget(const LoadKey& key) noexcept {
     if (loads_.find(key) != nullptr) ++counters_.forgotten;
     loads_.settle(key);
   }
 
-  /// Whether `rank` was marked dead. Engine thread.
+  /// Whether `rank` was marked dead. Scheduler thread.
   [[nodiscard]] bool is_dead(std::uint32_t rank) const noexcept {
     return rank < world_ && (dead_mask_ & (std::uint64_t{1} << rank)) != 0;
   }
 
   /// The time stamped on keys first seen from now on (for the oldest-pending gauge).
-  /// SettlementPump calls it once per step. Engine thread; noexcept.
+  /// SettlementPump calls it once per step. Scheduler thread; noexcept.
   void set_time(TimePoint now) noexcept { now_ = now; }
 
-  /// Counters and gauges, O(1) in keys (O(world) for the queue counters). Engine thread.
+  /// Counters and gauges, O(1) in keys (O(world) for the queue counters). Scheduler thread.
   [[nodiscard]] GroupStats stats() const noexcept {
     GroupStats s = counters_;
     s.pending = loads_.pending();
@@ -289,7 +289,7 @@ class TpQuorum {
   }
 
  private:
-  static const TpQuorumConfig& check(const TpQuorumConfig& c) {
+  static const TpQuorumOptions& check(const TpQuorumOptions& c) {
     if (c.world_size == 0 || c.world_size > 64)
       throw Error(ErrorCode::invalid_argument,
                   "TpQuorum world_size must be in 1..64, got " + std::to_string(c.world_size));
@@ -333,7 +333,7 @@ class TpQuorum {
   // Emits each phase of a save that became complete; the key leaves once both did.
   // Returns whether anything settled.
   template <class Sink>
-  bool advance_save(const StoreKey& key, detail::QuorumTable<StoreKey, detail::SaveAcc>::Entry& e, Sink& sink) noexcept {
+  bool advance_save(const SaveKey& key, detail::QuorumTable<SaveKey, detail::SaveAcc>::Entry& e, Sink& sink) noexcept {
     bool settled = false;
     if (!e.acc.released_settled && e.acc.released == all_mask_) {
       e.acc.released_settled = true;
@@ -357,11 +357,11 @@ class TpQuorum {
   std::uint64_t revived_mask_ = 0;  // ranks that came back: they count from revived_from_[r] on
   TimePoint now_{};
   detail::QuorumTable<LoadKey, detail::LoadAcc> loads_;
-  detail::QuorumTable<StoreKey, detail::SaveAcc> saves_;
+  detail::QuorumTable<SaveKey, detail::SaveAcc> saves_;
   std::vector<Generation> revived_from_;
   std::vector<std::unique_ptr<RankQueue>> queues_;
   std::vector<LoadKey> load_scratch_;
-  std::vector<StoreKey> save_scratch_;
+  std::vector<SaveKey> save_scratch_;
   GroupStats counters_{};
 };
 

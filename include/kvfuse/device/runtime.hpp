@@ -5,7 +5,7 @@
 // HipRuntime. A third (CUDA) is one small file that models this concept.
 //
 // Error discipline (R19): the construction-time calls (allocate_*, make_stream) throw
-// kvfuse::Error; every call a load or store path makes is noexcept and returns false on
+// kvfuse::Error; every call a load or save path makes is noexcept and returns false on
 // failure, so a failed copy becomes a failed leg, never an exception across a lane.
 #pragma once
 

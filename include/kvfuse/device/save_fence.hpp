@@ -5,7 +5,7 @@
 // the bytes are checksummed after they were copied wrong. The fence is one event per step:
 //   step thread:   forward enqueued on the compute stream; fence.begin_step(compute)
 //                  records the event after it.
-//   store lane(s): fence.fence(copy) makes the copy stream wait on that event on the
+//   save lane(s): fence.fence(copy) makes the copy stream wait on that event on the
 //                  device, then the gather's copies are enqueued. No host thread waits.
 // If the event cannot be created or recorded, begin_step falls back to
 // rt.device_synchronize(): the forward has finished before begin_step returns, which is
@@ -46,7 +46,7 @@ struct SaveFenceStats {
 /// (creation is retried on later steps while it fails). Not copyable or movable: store
 /// lanes hold references to it. The runtime must outlive it.
 /// Threads: begin_step from one thread at a time (the step thread); fence() from any
-/// number of threads (store lanes), concurrently with begin_step. Counters are atomics.
+/// number of threads (save lanes), concurrently with begin_step. Counters are atomics.
 template <Runtime R>
 class SaveFence {
  public:
@@ -59,7 +59,7 @@ class SaveFence {
   SaveFence& operator=(const SaveFence&) = delete;
 
   /// Call once per step, after the step's forward was enqueued on `compute` and before
-  /// its saves are handed to store lanes. Records the step's event on `compute`; if the
+  /// its saves are handed to save lanes. Records the step's event on `compute`; if the
   /// event cannot be created or recorded, blocks until the device is idle instead.
   /// Step thread only; noexcept; allocates only while creating the event.
   FenceMode begin_step(Stream& compute) noexcept {

@@ -1,7 +1,7 @@
 // kvfuse/engine/capability.hpp — whether the state tier exists, decided once, from config
 // alone (R14).
 //
-// One owner: the engine computes a Capability from its ConnectorConfig before any rank
+// One owner: the engine computes a Capability from its EngineOptions before any rank
 // exists and hands the answer to the ranks; a rank never re-decides it from its own view
 // of the world. The predicate does no I/O and is deterministic. A malformed config is an
 // Error, never a quiet "no tier": a tier that is silently off while the operator believes
@@ -54,15 +54,15 @@ constexpr std::string_view to_string(StateLayout l) noexcept {
 }
 
 /// One sub-connector of a configured multi. `kv_role` empty: the multi's role applies.
-struct SubConnectorConfig {
+struct SubConnectorOptions {
   std::string name;
   std::optional<KvRole> kv_role;
 };
 
 /// The plain config the capability is decided from.
-struct ConnectorConfig {
+struct EngineOptions {
   std::string connector = "offload";         ///< any spelling; a multi spelling means `subs` is used
-  std::vector<SubConnectorConfig> subs;      ///< only for a multi; must be empty otherwise
+  std::vector<SubConnectorOptions> subs;      ///< only for a multi; must be empty otherwise
   KvRole kv_role = KvRole::both;
   std::uint32_t pipeline_parallel_size = 1;  ///< must be >= 1
   StateLayout layout = StateLayout::none;
@@ -70,11 +70,11 @@ struct ConnectorConfig {
 
 /// The one answer to "what may this engine do with the offload tier".
 struct Capability {
-  bool can_store = false;     ///< the state tier exists and this role stores state into it
+  bool can_save = false;     ///< the state tier exists and this role stores state into it
   bool can_load = false;      ///< the state tier exists and this role loads state from it
-  bool kv_can_store = false;  ///< an offload connector is configured and this role stores KV
+  bool kv_can_save = false;  ///< an offload connector is configured and this role stores KV
   bool kv_can_load = false;   ///< an offload connector is configured and this role loads KV
-  /// Why the state tier is off or one-sided (empty when can_store && can_load). Names the
+  /// Why the state tier is off or one-sided (empty when can_save && can_load). Names the
   /// deciding config value.
   std::string reason;
   friend bool operator==(const Capability&, const Capability&) = default;
@@ -90,7 +90,7 @@ struct OffloadPresence {
 // Canonicalises every name in the config (throwing on unknown names, a multi without
 // subs, subs on a non-multi, nested multis and duplicate offload subs) and finds the
 // offload connector, if any, with its effective role.
-inline OffloadPresence find_offload(const ConnectorConfig& cfg) {
+inline OffloadPresence find_offload(const EngineOptions& cfg) {
   OffloadPresence p;
   const std::string_view top = canonical_connector_name(cfg.connector);
   if (top != "multi") {
@@ -104,7 +104,7 @@ inline OffloadPresence find_offload(const ConnectorConfig& cfg) {
   }
   std::vector<std::string_view> names;
   names.reserve(cfg.subs.size());
-  for (const SubConnectorConfig& s : cfg.subs) names.emplace_back(s.name);
+  for (const SubConnectorOptions& s : cfg.subs) names.emplace_back(s.name);
   const std::vector<std::string_view> canonical = resolve_multi_subs(std::span<const std::string_view>(names));
   for (std::size_t i = 0; i < canonical.size(); ++i) {
     if (canonical[i] != "offload") continue;
@@ -116,7 +116,7 @@ inline OffloadPresence find_offload(const ConnectorConfig& cfg) {
   return p;
 }
 
-inline Capability capability_impl(const ConnectorConfig& cfg) {
+inline Capability capability_impl(const EngineOptions& cfg) {
   if (cfg.pipeline_parallel_size == 0)
     throw Error(ErrorCode::invalid_argument, "pipeline_parallel_size must be >= 1, got 0");
   const OffloadPresence p = find_offload(cfg);
@@ -125,7 +125,7 @@ inline Capability capability_impl(const ConnectorConfig& cfg) {
     cap.reason = p.where + " hosts no offload connector";
     return cap;
   }
-  cap.kv_can_store = p.role != KvRole::consumer;
+  cap.kv_can_save = p.role != KvRole::consumer;
   cap.kv_can_load = p.role != KvRole::producer;
   if (cfg.layout == StateLayout::none) {
     cap.reason = "layout=none: the model carries no per-request state";
@@ -137,9 +137,9 @@ inline Capability capability_impl(const ConnectorConfig& cfg) {
                     std::string(to_string(cfg.layout)) +
                     ": the state tier is unsupported under pipeline parallelism; use pipeline_parallel_size=1 "
                     "or layout=none");
-  cap.can_store = cap.kv_can_store;
+  cap.can_save = cap.kv_can_save;
   cap.can_load = cap.kv_can_load;
-  if (!cap.can_load || !cap.can_store)
+  if (!cap.can_load || !cap.can_save)
     cap.reason = "kv_role=" + std::string(to_string(p.role)) + " of " + p.where + ": state " +
                  (cap.can_load ? "loads only" : "stores only");
   return cap;
@@ -154,11 +154,11 @@ inline Capability capability_impl(const ConnectorConfig& cfg) {
 /// tier (a dense layout, no offload connector) answers under any pp. Throws Error for a
 /// malformed config too: unknown_connector, duplicate_offload, or invalid_argument (pp = 0,
 /// subs on a non-multi, a multi with no subs or a nested multi). No I/O. Thread-safe.
-inline Capability state_tier_capability(const ConnectorConfig& cfg) { return detail::capability_impl(cfg); }
+inline Capability state_tier_capability(const EngineOptions& cfg) { return detail::capability_impl(cfg); }
 
 /// The engine-construction check, run before any rank exists: throws exactly what
 /// state_tier_capability throws (the same function decides), for engines that validate
 /// the config before they need the capability. Thread-safe.
-inline void check_engine_config(const ConnectorConfig& cfg) { (void)state_tier_capability(cfg); }
+inline void check_engine_options(const EngineOptions& cfg) { (void)state_tier_capability(cfg); }
 
 }  // namespace kvfuse

@@ -111,7 +111,7 @@ class OffloadIndex final : private detail::TicketSink {
 
   /// Indexes `hash` as most recently used (or touches it). At the cap the least recently
   /// used hash is evicted and counted in hashes_evicted. Call it only when every rank
-  /// stored the entry (settle_store does). Scheduler thread only; noexcept; O(1) amortised.
+  /// stored the entry (settle_save does). Scheduler thread only; noexcept; O(1) amortised.
   void note_stored(PrefixHash hash) noexcept {
     const auto r = hashes_.insert_or_touch(hash);
     if (r.evicted) {
@@ -356,7 +356,7 @@ class OffloadIndex final : private detail::TicketSink {
   /// accepts records only for keys this says yes to (R3). A key whose ticket was not
   /// dispatched yet is outstanding but not in flight: no rank has it.
   /// Scheduler thread only; noexcept; O(1).
-  [[nodiscard]] bool is_outstanding(LoadKey key) const noexcept {
+  [[nodiscard]] bool is_in_flight(LoadKey key) const noexcept {
     const std::uint32_t e = find_entry(key);
     return e != detail::npos32 && entries_[e].status == Status::in_flight;
   }
@@ -396,12 +396,12 @@ class OffloadIndex final : private detail::TicketSink {
 
   /// Admits a save: issues its key (the caller's `save.key.hash`, a fresh generation) and
   /// returns a ticket whose dispatch() yields the save for every rank. The index remembers
-  /// what it holds: only a StateStore every rank stored indexes its hash (the indexed set
+  /// what it holds: only a StateSave every rank stored indexes its hash (the indexed set
   /// answers "can a state leg be served"; a KV chunk hash is not a checkpoint). Refused,
   /// changing nothing but saves_refused, only when the save table cannot grow: the caller
   /// learns it and keeps its source. Scheduler thread only; noexcept; O(1) amortised.
   template <class Save>
-    requires std::same_as<Save, KvSave> || std::same_as<Save, StateStore>
+    requires std::same_as<Save, KvSave> || std::same_as<Save, StateSave>
   [[nodiscard]] SaveAdmission<Save> request_save(Save save) noexcept {
     try {
       saves_.reserve(saves_.size() + 1);
@@ -410,7 +410,7 @@ class OffloadIndex final : private detail::TicketSink {
       return SaveAdmission<Save>(SaveRefusal::out_of_memory);
     }
     save.key.generation = generations_.next();
-    saves_.insert(save.key, save_value(std::same_as<Save, StateStore> ? SaveKind::state : SaveKind::kv, false));
+    saves_.insert(save.key, save_value(std::same_as<Save, StateSave> ? SaveKind::state : SaveKind::kv, false));
     ++saves_issued_;
     return SaveAdmission<Save>(SaveTicket<Save>(this, std::move(save)));
   }
@@ -418,7 +418,7 @@ class OffloadIndex final : private detail::TicketSink {
   /// Whether `key` is a dispatched save that has not settled its `stored` phase: the
   /// completion path accepts save records only for these (R3). Scheduler thread only;
   /// noexcept; O(1).
-  [[nodiscard]] bool is_save_in_flight(StoreKey key) const noexcept {
+  [[nodiscard]] bool is_save_in_flight(SaveKey key) const noexcept {
     const std::uint32_t v = saves_.find(key);
     return v != detail::npos32 && (v & save_dispatched_bit) != 0;
   }
@@ -682,7 +682,7 @@ class OffloadIndex final : private detail::TicketSink {
     resolve(e, Resolution::abandoned, false);
   }
 
-  bool save_ticket_dispatch(StoreKey key) noexcept override {
+  bool save_ticket_dispatch(SaveKey key) noexcept override {
     const std::uint32_t v = saves_.find(key);
     if (v == detail::npos32 || (v & save_dispatched_bit) != 0) return false;
     // Same size before and after: the re-insert cannot allocate.
@@ -691,7 +691,7 @@ class OffloadIndex final : private detail::TicketSink {
     return true;
   }
 
-  void save_ticket_abandon(StoreKey key) noexcept override {
+  void save_ticket_abandon(SaveKey key) noexcept override {
     const std::uint32_t v = saves_.find(key);
     if (v == detail::npos32 || (v & save_dispatched_bit) != 0) return;
     (void)saves_.erase(key);
@@ -708,7 +708,7 @@ class OffloadIndex final : private detail::TicketSink {
   detail::FlatIndexMap<Generation> keys_;           // generation -> outstanding entry (R3: the key of truth)
   detail::FlatIndexMap<RequestId> requests_;        // request -> its live (non-orphaned) entry
   std::vector<std::uint32_t> slot_owner_;           // slot -> outstanding entry holding it
-  detail::FlatIndexMap<StoreKey> saves_;            // outstanding saves -> kind and dispatched bits
+  detail::FlatIndexMap<SaveKey> saves_;            // outstanding saves -> kind and dispatched bits
   std::vector<LoadResolution> resolutions_;         // the settlement queue the scheduler drains
   std::vector<LoadKey> forgotten_;                  // in-flight keys resolved without their ranks
   std::uint32_t flight_head_ = detail::npos32;      // earliest dispatched load still in flight

@@ -2,7 +2,7 @@
 //
 // The index lives in the engine process and starts empty; a DiskTier rebuilds its own
 // catalogue from its directory. A state hash may be indexed only if EVERY rank can serve
-// it (the same rule settle_store applies to a fresh save), so re-seeding intersects the
+// it (the same rule settle_save applies to a fresh save), so re-seeding intersects the
 // ranks' catalogues rather than trusting any one of them.
 #pragma once
 

@@ -78,8 +78,8 @@ class TicketSink {
  public:
   virtual std::optional<StateSpec> ticket_dispatch(std::uint32_t entry, LoadKey key) noexcept = 0;
   virtual void ticket_abandon(std::uint32_t entry, LoadKey key) noexcept = 0;
-  virtual bool save_ticket_dispatch(StoreKey key) noexcept = 0;
-  virtual void save_ticket_abandon(StoreKey key) noexcept = 0;
+  virtual bool save_ticket_dispatch(SaveKey key) noexcept = 0;
+  virtual void save_ticket_abandon(SaveKey key) noexcept = 0;
 
  protected:
   TicketSink() = default;
@@ -171,7 +171,7 @@ class LoadTicket {
 /// with the key the index issued. Consumed by exactly one of dispatch() (which yields the
 /// save to ship to every rank; from then on the index accepts its records) or abandon();
 /// destroyed unconsumed, it abandons itself. A save cannot reach a rank unannounced: its
-/// key exists only through a ticket. `Save` is KvSave or StateStore.
+/// key exists only through a ticket. `Save` is KvSave or StateSave.
 ///
 /// Not thread-safe: scheduler thread only. The OffloadIndex that issued it must outlive it.
 template <class Save>
@@ -199,8 +199,8 @@ class SaveTicket {
   [[nodiscard]] bool valid() const noexcept { return sink_ != nullptr; }
   explicit operator bool() const noexcept { return valid(); }
 
-  /// The key the index issued (readable after consumption); StoreKey{} when empty. noexcept.
-  [[nodiscard]] StoreKey key() const noexcept { return save_.key; }
+  /// The key the index issued (readable after consumption); SaveKey{} when empty. noexcept.
+  [[nodiscard]] SaveKey key() const noexcept { return save_.key; }
 
   /// Consumes the ticket: the save becomes in flight and is returned (moved) for every
   /// rank. On an empty ticket it returns a default Save whose key no index accepts.

@@ -187,7 +187,7 @@ template <RecordEmitter E>
 class SaveGuard {
  public:
   /// Guards the save `key` on `rank`. noexcept.
-  SaveGuard(StoreKey key, std::uint32_t rank, E& emitter) noexcept
+  SaveGuard(SaveKey key, std::uint32_t rank, E& emitter) noexcept
       : emitter_(emitter), key_(key), rank_(rank), uncaught_at_start_(std::uncaught_exceptions()) {}
 
   SaveGuard(const SaveGuard&) = delete;
@@ -253,7 +253,7 @@ class SaveGuard {
   }
 
   E& emitter_;
-  StoreKey key_;
+  SaveKey key_;
   std::uint32_t rank_;
   Reason reason_ = Reason::none;
   bool stored_ = false;

@@ -56,8 +56,8 @@ template <bool Present, class T>
 using maybe_t = std::conditional_t<Present, T, Absent>;
 }  // namespace detail
 
-/// One rank's connector. Thread rules: `load`, `save_kv`, `store_state` and `begin_step`
-/// are called by ONE thread per rank (the rank's dispatch thread); they never block on a
+/// One rank's connector. Thread rules: `load`, `save_kv`, `save_state` and `begin_step`
+/// are called by ONE thread per rank (the rank's rank thread); they never block on a
 /// leg (they enqueue onto a lane; only a full lane makes them back off). `stats` is
 /// thread-safe. Destruction finishes every queued task, so every accepted load still
 /// reports (R1), then joins the lanes.
@@ -74,13 +74,13 @@ class Connector {
   static constexpr bool has_state = ordering != StateOrdering::none;
   static constexpr bool has_state_lane = ordering == StateOrdering::concurrent;
   /// Lane indices, also the index of each lane's staging buffer and emitter.
-  static constexpr std::size_t load_lane = 0, store_lane = 1, state_lane = 2;
+  static constexpr std::size_t load_lane = 0, save_lane = 1, state_lane = 2;
   static constexpr std::size_t lane_count = has_state_lane ? 3 : 2;
 
   /// The emitters of this rank, one per lane (a lane is the only producer of its emitter).
   struct Emitters {
     Emitter load;
-    Emitter store;
+    Emitter save;
     [[no_unique_address]] detail::maybe_t<has_state_lane, Emitter> state{};
   };
 
@@ -101,7 +101,7 @@ class Connector {
         fence_(runtime),
         streams_(make_streams(runtime)),
         load_lane_("kvfuse-load", options.lane_capacity),
-        store_lane_("kvfuse-store", options.lane_capacity),
+        save_lane_("kvfuse-save", options.lane_capacity),
         state_lane_("kvfuse-state", options.lane_capacity) {}
 
   /// Same, claiming this rank's lane emitters from `group` (lanes 0 .. lane_count-1 of
@@ -114,12 +114,12 @@ class Connector {
       : Connector(geometry, runtime, memory, std::move(kv_leg), std::move(state_leg),
                   claim_checked(group, geometry, memory), options) {}
 
-  /// Claims the lane emitters of `rank` from `group`, in lane order (load, store, state).
+  /// Claims the lane emitters of `rank` from `group`, in lane order (load, save, state).
   static Emitters claim_emitters(Group& group, std::uint32_t rank) {
     if constexpr (has_state_lane) {
-      return Emitters{group.emitter(rank, load_lane), group.emitter(rank, store_lane), group.emitter(rank, state_lane)};
+      return Emitters{group.emitter(rank, load_lane), group.emitter(rank, save_lane), group.emitter(rank, state_lane)};
     } else {
-      return Emitters{group.emitter(rank, load_lane), group.emitter(rank, store_lane)};
+      return Emitters{group.emitter(rank, load_lane), group.emitter(rank, save_lane)};
     }
   }
 
@@ -133,7 +133,7 @@ class Connector {
   /// lane (R9), so it never queues behind other requests' KV retrieves. A request with
   /// neither leg (an empty ticket's dispatch, a garbled transport) runs on the load lane
   /// and reports Reason::invalid_spec, on every composition. Exactly one record follows
-  /// (R1). Dispatch thread only; noexcept; never allocates (the request is moved into the
+  /// (R1). Rank thread only; noexcept; never allocates (the request is moved into the
   /// lane's inline task).
   void load(LoadRequest request) noexcept {
     loads_.fetch_add(1, std::memory_order_relaxed);
@@ -146,38 +146,38 @@ class Connector {
     load_lane_.submit([this, req = std::move(request)]() mutable noexcept { run_load(req); });
   }
 
-  /// Saves whole KV chunks on the store lane, after the step's producer fence (R13).
+  /// Saves whole KV chunks on the save lane, after the step's producer fence (R13).
   /// Exactly two SaveRecords follow: `released` once nothing reads the blocks, then
-  /// `stored`. Dispatch thread only; noexcept.
+  /// `stored`. Rank thread only; noexcept.
   void save_kv(KvSave save) noexcept {
     saves_.fetch_add(1, std::memory_order_relaxed);
-    store_lane_.submit([this, s = std::move(save)]() mutable noexcept {
+    save_lane_.submit([this, s = std::move(save)]() mutable noexcept {
       run_save(s.key, [&](LaneContext<R>& lane) { return kv_leg_.save(s, lane); });
     });
   }
 
-  /// Saves a state checkpoint on the store lane (DESIGN section 5). Exactly two
+  /// Saves a state checkpoint on the save lane (DESIGN section 5). Exactly two
   /// SaveRecords follow, `released` then `stored`; a rank without a state tier reports its
-  /// untouched source released and the save not stored (R14). Dispatch thread only; noexcept.
-  void store_state(StateStore store) noexcept
+  /// untouched source released and the save not stored (R14). Rank thread only; noexcept.
+  void save_state(StateSave save) noexcept
     requires has_state
   {
     saves_.fetch_add(1, std::memory_order_relaxed);
-    store_lane_.submit([this, s = store]() noexcept {
-      run_save(s.key, [&](LaneContext<R>& lane) { return state_leg_.store(s, lane); });
+    save_lane_.submit([this, s = save]() noexcept {
+      run_save(s.key, [&](LaneContext<R>& lane) { return state_leg_.save(s, lane); });
     });
   }
 
   /// Marks the end of this step's forward on `compute`: saves submitted afterwards wait
   /// for it on the device (R13). One event per step; falls back to a device synchronize if
-  /// the event cannot be created or recorded. Dispatch thread only; noexcept.
+  /// the event cannot be created or recorded. Rank thread only; noexcept.
   void begin_step(typename R::Stream& compute) noexcept { fence_.begin_step(compute); }
 
   /// Blocks until every lane is idle. Any thread but a lane's own.
   void drain() noexcept {
     load_lane_.wait_idle();
     if constexpr (has_state_lane) state_lane_.wait_idle();
-    store_lane_.wait_idle();
+    save_lane_.wait_idle();
   }
 
   /// A snapshot of the counters. Thread-safe, wait-free.
@@ -246,7 +246,7 @@ class Connector {
     if constexpr (has_state_lane) {
       if (req.state.has_value()) {
         StateVerdict state_verdict;
-        LegJoin join;
+        LegLatch join;
         state_lane_.submit([this, &req, &state_verdict, &join]() noexcept {
           state_verdict = run_state_leg(*req.state, &*req.kv, context(state_lane));
           join.arrive();
@@ -276,7 +276,7 @@ class Connector {
     guard.state(v.outcome, v.reason);
   }
 
-  /// The store lane's task: fence, gather, put, two SaveRecords. The leg reports the
+  /// The save lane's task: fence, gather, put, two SaveRecords. The leg reports the
   /// source released as soon as its gather synchronized (before the put). On every other
   /// path (a failure, an exception, a leg that never says) the task synchronizes the
   /// lane's stream first (a device synchronize if that fails), so `released` is sent only
@@ -285,9 +285,9 @@ class Connector {
   /// the gather after the forward (R13: not even a device synchronize), the save fails
   /// without reading the source.
   template <class Save>
-  void run_save(StoreKey key, Save&& save) noexcept {
-    SaveGuard<Emitter> guard(key, geometry_.rank, emitters_.store);
-    auto lane = context(store_lane);
+  void run_save(SaveKey key, Save&& save) noexcept {
+    SaveGuard<Emitter> guard(key, geometry_.rank, emitters_.save);
+    auto lane = context(save_lane);
     lane.release_source = SourceRelease(guard);
     if (!fence_.fence(lane.stream)) {
       guard.fail(Reason::kv_transfer_failed);
@@ -340,7 +340,7 @@ class Connector {
   // Lanes last: they are destroyed first, so queued tasks finish while everything they
   // touch is still alive.
   Lane load_lane_;
-  Lane store_lane_;
+  Lane save_lane_;
   [[no_unique_address]] detail::maybe_t<has_state_lane, Lane> state_lane_;
 };
 

@@ -1,7 +1,7 @@
 // kvfuse/worker/lane.hpp — Lane: a single-thread executor with a bounded ring of inline
 // tasks; LegLatch: the join between a load task and its state leg (R9).
 //
-// A rank runs its work on a few named lanes (load, state, store). Each lane is one
+// A rank runs its work on a few named lanes (load, state, save). Each lane is one
 // std::thread and a fixed ring of task slots allocated when the lane is built; a task is
 // moved into its slot (small-buffer storage, no heap), runs there in FIFO order, and is
 // destroyed there. So submitting a task never allocates (R12), and a full ring makes the
@@ -38,7 +38,7 @@ namespace kvfuse {
 /// LoadRequest by value (moved into the lambda, then into the slot: the specs' vectors
 /// change hands, nothing is copied or allocated) plus the connector's `this`; that fits
 /// with room to spare.
-inline constexpr std::size_t kLaneTaskBytes = 256;
+inline constexpr std::size_t lane_task_bytes = 256;
 
 namespace detail {
 
@@ -91,7 +91,7 @@ class TaskSlot {
 /// thread point into it). Thread-safety: submit, try_submit, wait_idle and the counters
 /// may be called from any thread concurrently; the destructor from one thread, after
 /// every other thread stopped submitting.
-template <std::size_t TaskBytes = kLaneTaskBytes>
+template <std::size_t TaskBytes = lane_task_bytes>
 class BasicLane {
  public:
   /// Inline capacity of one task, in bytes.
@@ -248,7 +248,7 @@ class BasicLane {
   std::thread worker_;  // last: the thread starts once everything above exists
 };
 
-/// The lane with the default inline task capacity (kLaneTaskBytes).
+/// The lane with the default inline task capacity (lane_task_bytes).
 using Lane = BasicLane<>;
 
 /// A one-shot join between a task and a leg it handed to another lane (R9): the task
@@ -314,8 +314,5 @@ class LegLatch {
  private:
   std::atomic<std::uint32_t> state_{0};  // futex-sized: the waiter sleeps on this word
 };
-
-/// The name the connector uses for the join (same type).
-using LegJoin = LegLatch;
 
 }  // namespace kvfuse

@@ -61,7 +61,7 @@ struct LaneContext {
   /// Room to keep tier views alive until one synchronize covers all their copies
   /// (max_chunks_per_load long, allocated with the lane). Empty: synchronize per chunk.
   std::span<TierView> held_views = {};
-  /// On the store lane: report the save's source released (see SourceRelease).
+  /// On the save lane: report the save's source released (see SourceRelease).
   SourceRelease release_source = {};
 };
 
@@ -100,7 +100,7 @@ concept KvLegFor = Runtime<R> && requires(L& leg, const KvSpec& spec, const KvSa
   { leg.save(save, lane) } -> std::same_as<SaveVerdict>;
 };
 
-/// A state leg: its ordering, and (unless ordering is none) load and store calls and the
+/// A state leg: its ordering, and (unless ordering is none) load and save calls and the
 /// size of one of its tier entries. `kv` is the same load's KV spec, or null for a
 /// state-only load, so the leg can check that the engine and the rank agree about where
 /// the KV leg ends (R11). `L::entry_bytes(geometry)` (static, noexcept) is the bytes one
@@ -110,10 +110,10 @@ template <class L, class R>
 concept StateLegFor =
     Runtime<R> && requires { { L::ordering } -> std::convertible_to<StateOrdering>; } &&
     (L::ordering == StateOrdering::none ||
-     requires(L& leg, const StateSpec& spec, const KvSpec* kv, const StateStore& store, LaneContext<R>& lane,
+     requires(L& leg, const StateSpec& spec, const KvSpec* kv, const StateSave& save, LaneContext<R>& lane,
               const RankGeometry& geometry) {
        { leg.load(spec, kv, lane) } -> std::same_as<StateVerdict>;
-       { leg.store(store, lane) } -> std::same_as<SaveVerdict>;
+       { leg.save(save, lane) } -> std::same_as<SaveVerdict>;
        { L::entry_bytes(geometry) } noexcept -> std::same_as<std::size_t>;
      });
 

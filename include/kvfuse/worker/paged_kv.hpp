@@ -16,12 +16,12 @@ namespace kvfuse {
 /// Why a KV spec cannot be served on this rank, or Reason::none. Checks every index the
 /// copy loop will use, so the loop itself never goes out of bounds (R11: refuse, never clamp).
 inline Reason check_kv_spec(const KvSpec& spec, const RankGeometry& geo) noexcept {
-  const ChunkGrid chunks = geo.chunk_grid();
-  const ChunkGrid blocks = geo.block_grid();
+  const TokenGrid chunks = geo.chunk_grid();
+  const TokenGrid blocks = geo.block_grid();
   if (spec.hbm >= spec.end) return Reason::invalid_spec;
   if (!chunks.aligned(spec.end) || !blocks.aligned(spec.hbm)) return Reason::grid_mismatch;
-  const std::uint64_t chunk_count = chunks.chunk_of(spec.end) - chunks.chunk_of(spec.hbm);
-  const std::uint64_t block_count = blocks.chunk_of(spec.end) - blocks.chunk_of(spec.hbm);
+  const std::uint64_t chunk_count = chunks.cell_of(spec.end) - chunks.cell_of(spec.hbm);
+  const std::uint64_t block_count = blocks.cell_of(spec.end) - blocks.cell_of(spec.hbm);
   if (spec.chunk_keys.size() != chunk_count || spec.blocks.size() != block_count) return Reason::invalid_spec;
   if (chunk_count > geo.max_chunks_per_load) return Reason::invalid_spec;
   for (const BlockId b : spec.blocks)
@@ -92,8 +92,8 @@ class PagedKv {
   RetrieveResult retrieve(const KvSpec& spec, LaneContext<R>& lane) const noexcept {
     const RankGeometry& geo = lane.geometry;
     if (const Reason refused = check_kv_spec(spec, geo); refused != Reason::none) return {{}, refused};
-    const std::uint64_t first_chunk = geo.chunk_grid().chunk_of(spec.hbm);
-    const std::uint64_t first_block = geo.block_grid().chunk_of(spec.hbm);
+    const std::uint64_t first_chunk = geo.chunk_grid().cell_of(spec.hbm);
+    const std::uint64_t first_block = geo.block_grid().cell_of(spec.hbm);
     const std::size_t chunk_count = spec.chunk_keys.size();
     const std::span<std::uint8_t> mask = lane.chunk_mask.first(chunk_count);
     std::fill(mask.begin(), mask.end(), std::uint8_t{0});

@@ -31,9 +31,9 @@ struct RankGeometry {
   /// Bytes of one tier chunk on this rank.
   [[nodiscard]] constexpr std::size_t chunk_bytes() const noexcept { return chunk_tokens * kv_bytes_per_token; }
   /// The chunk grid.
-  [[nodiscard]] constexpr ChunkGrid chunk_grid() const noexcept { return ChunkGrid{chunk_tokens}; }
+  [[nodiscard]] constexpr TokenGrid chunk_grid() const noexcept { return TokenGrid{chunk_tokens}; }
   /// The checkpoint (block) grid.
-  [[nodiscard]] constexpr ChunkGrid block_grid() const noexcept { return ChunkGrid{block_tokens}; }
+  [[nodiscard]] constexpr TokenGrid block_grid() const noexcept { return TokenGrid{block_tokens}; }
 
   /// Throws Error(invalid_argument) naming the first bad field. Construction time only.
   void validate() const {

@@ -2,7 +2,7 @@
 //
 // Legs that need an intermediate buffer (a disk read, a state gather) use the staging
 // buffer of the lane they run on. All buffers are allocated when the pool is built, one
-// per lane, from the runtime's pinned allocator, and reused for every load and store;
+// per lane, from the runtime's pinned allocator, and reused for every load and save;
 // nothing is allocated afterwards. So the standing staging memory is exactly
 // lanes x buffer size, whatever the thread counts — the seed's per-thread buffers grew
 // to five (+165 MiB per rank) when the lanes were merged.

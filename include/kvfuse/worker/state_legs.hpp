@@ -91,13 +91,13 @@ StateFetch fetch_state(T* tier, const StateSpec& spec, const KvSpec* kv, LaneCon
   return {std::move(view), std::nullopt};
 }
 
-/// The part every stateful leg's store shares: no tier, bad source slot, too little
-/// staging. Returns the verdict to report, or nothing when the store can go ahead.
+/// The part every stateful leg's save shares: no tier, bad source slot, too little
+/// staging. Returns the verdict to report, or nothing when the save can go ahead.
 template <Tier T, Runtime R>
-std::optional<SaveVerdict> refuse_store(const T* tier, const StateStore& store, std::size_t entry_bytes,
-                                        const LaneContext<R>& lane) noexcept {
+std::optional<SaveVerdict> refuse_save(const T* tier, const StateSave& save, std::size_t entry_bytes,
+                                       const LaneContext<R>& lane) noexcept {
   if (tier == nullptr) return SaveVerdict{false, Reason::no_tier};
-  if (store.source.value >= lane.geometry.num_slots) return SaveVerdict{false, Reason::slot_out_of_range};
+  if (save.source.value >= lane.geometry.num_slots) return SaveVerdict{false, Reason::slot_out_of_range};
   if (lane.staging.size() < entry_bytes) return SaveVerdict{false, Reason::state_transfer_failed};
   return std::nullopt;
 }
@@ -134,10 +134,10 @@ class RecurrentState {
 
   /// Gathers the source slot and puts it in the tier.
   template <Runtime R>
-  SaveVerdict store(const StateStore& store, LaneContext<R>& lane) const noexcept {
-    if (auto refused = detail::refuse_store(tier_, store, lane.geometry.slot_bytes, lane)) return *refused;
-    if (auto failed = detail::gather_slot(lane, store.source, lane.staging.data())) return *failed;
-    const bool stored = tier_->put(detail::state_key(lane.geometry, store.key.hash),
+  SaveVerdict save(const StateSave& save, LaneContext<R>& lane) const noexcept {
+    if (auto refused = detail::refuse_save(tier_, save, lane.geometry.slot_bytes, lane)) return *refused;
+    if (auto failed = detail::gather_slot(lane, save.source, lane.staging.data())) return *failed;
+    const bool stored = tier_->put(detail::state_key(lane.geometry, save.key.hash),
                                    lane.staging.first(lane.geometry.slot_bytes));
     return {stored, stored ? Reason::none : Reason::state_transfer_failed};
   }
@@ -195,13 +195,13 @@ class SlotState {
 
   /// Writes sidecar + slot bytes into staging and puts them in the tier.
   template <Runtime R>
-  SaveVerdict store(const StateStore& store, LaneContext<R>& lane) const noexcept {
+  SaveVerdict save(const StateSave& save, LaneContext<R>& lane) const noexcept {
     const std::size_t total = sizeof(SlotSidecar) + lane.geometry.slot_bytes;
-    if (auto refused = detail::refuse_store(tier_, store, total, lane)) return *refused;
-    const SlotSidecar sidecar{store.key.hash.value, store.boundary_tokens, lane.geometry.slot_bytes};
+    if (auto refused = detail::refuse_save(tier_, save, total, lane)) return *refused;
+    const SlotSidecar sidecar{save.key.hash.value, save.boundary_tokens, lane.geometry.slot_bytes};
     std::memcpy(lane.staging.data(), &sidecar, sizeof sidecar);
-    if (auto failed = detail::gather_slot(lane, store.source, lane.staging.data() + sizeof sidecar)) return *failed;
-    const bool stored = tier_->put(detail::state_key(lane.geometry, store.key.hash), lane.staging.first(total));
+    if (auto failed = detail::gather_slot(lane, save.source, lane.staging.data() + sizeof sidecar)) return *failed;
+    const bool stored = tier_->put(detail::state_key(lane.geometry, save.key.hash), lane.staging.first(total));
     return {stored, stored ? Reason::none : Reason::state_transfer_failed};
   }
 

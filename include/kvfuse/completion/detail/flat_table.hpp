@@ -6,7 +6,7 @@
 // allocate only when they grow past their high-water mark, so the steady state of an
 // engine's settle loop does not touch the allocator.
 //
-// Neither is thread-safe: both belong to the engine thread that drains and settles.
+// Neither is thread-safe: both belong to the scheduler thread that drains and settles.
 #pragma once
 
 #include <bit>

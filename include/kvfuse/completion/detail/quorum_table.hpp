@@ -2,7 +2,7 @@
 // per key, which ranks reported and the failure-dominant merge so far; settled keys in a
 // bounded tombstone FIFO; arrival order for the oldest-pending gauge.
 //
-// Engine thread only. Allocates only when the number of pending keys passes its
+// Scheduler thread only. Allocates only when the number of pending keys passes its
 // high-water mark (the tables and rings then double); tombstone storage is fixed.
 #pragma once
 
