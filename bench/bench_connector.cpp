@@ -298,7 +298,7 @@ struct SerialRecurrentState {
 };
 
 using JointTier = DelayTier<MemoryTier<>>;
-using K3 = KimiK3Connector<JointTier, BellGroup>;
+using K3 = KimiK3Connector<JointTier, JointTier, BellGroup>;
 using Serial = Connector<PagedKv<JointTier>, SerialRecurrentState<JointTier>, BellGroup>;
 
 /// One rank with both connectors over one tier: a KV leg of one chunk and a state leg of

@@ -29,7 +29,7 @@ namespace {
 using namespace kvfuse;
 using Clock = std::chrono::steady_clock;
 using KvTier = MemoryTier<HostRuntime>;
-using Conn = Connector<PagedKv<KvTier>, RecurrentState<DiskTier>, TpQuorum>;
+using Conn = KimiK3Connector<KvTier, DiskTier>;  // KV in memory, state checkpoints on disk
 
 constexpr std::uint32_t kWorld = 4;
 constexpr std::uint32_t kPrompts = 48;

@@ -190,8 +190,8 @@ TEST_CASE("R1 every accepted load reports once even when the connector is destro
 namespace {
 
 using Mem = MemoryTier<>;
-using K3 = KimiK3Connector<Mem, SingleRank>;
-using Dsv4 = Dsv4Connector<Mem, SingleRank>;
+using K3 = KimiK3Connector<Mem, Mem, SingleRank>;
+using Dsv4 = Dsv4Connector<Mem, Mem, SingleRank>;
 using Dense = DenseConnector<Mem, SingleRank>;
 
 /// One rank with the shipped legs over a MemoryTier.
@@ -475,7 +475,7 @@ TEST_CASE("R12 nothing is allocated on the load path") {
 }
 
 TEST_CASE("R13 a step whose event cannot be created still saves through a device synchronize") {
-  RealRank<KimiK3Connector<Mem, SingleRank, FaultyRuntime<HostRuntime>>> rank;
+  RealRank<KimiK3Connector<Mem, Mem, SingleRank, FaultyRuntime<HostRuntime>>> rank;
   rank.rt.fail(RuntimeCall::create_event);
   auto compute = rank.rt.make_stream();
   rank.conn.begin_step(compute);
@@ -494,7 +494,7 @@ TEST_CASE("R13 a step whose event cannot be created still saves through a device
 }
 
 TEST_CASE("R13 when nothing can order the gather the save fails and never reads the source") {
-  RealRank<KimiK3Connector<Mem, SingleRank, FaultyRuntime<HostRuntime>>> rank;
+  RealRank<KimiK3Connector<Mem, Mem, SingleRank, FaultyRuntime<HostRuntime>>> rank;
   rank.rt.fail(RuntimeCall::create_event);
   rank.rt.fail(RuntimeCall::device_synchronize);
   auto compute = rank.rt.make_stream();

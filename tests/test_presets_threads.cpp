@@ -54,19 +54,40 @@ std::unique_ptr<Tier> make_tier(std::uint32_t rank, const std::filesystem::path&
   }
 }
 
-/// One rank: pools, its own tier (ranks never share slices), its connector.
+template <class Conn>
+struct StateTierOf {
+  using type = typename Conn::kv_leg_type::tier_type;  // dense: unused
+};
+template <class Conn>
+  requires Conn::has_state
+struct StateTierOf<Conn> {
+  using type = typename Conn::state_leg_type::tier_type;
+};
+
+/// One rank: pools, its own tiers (ranks never share slices), its connector. When both
+/// legs use one tier type they share one tier; otherwise each leg has its own.
 template <class Conn>
 struct Rank {
   using T = typename Conn::kv_leg_type::tier_type;
+  using ST = typename StateTierOf<Conn>::type;
+  static constexpr bool shared = std::is_same_v<T, ST>;
   DevicePools<HostRuntime> pools;
   std::unique_ptr<T> tier;
+  std::unique_ptr<ST> own_state_tier;  // only when the state tier's type differs
   Conn conn;
   Rank(HostRuntime& rt, std::uint32_t rank, TpQuorum& group, const std::filesystem::path& dir)
-      : pools(rt, small_geometry(rank, kWorld)), tier(make_tier<T>(rank, dir)), conn(make(rt, group)) {}
+      : pools(rt, small_geometry(rank, kWorld)),
+        tier(make_tier<T>(rank, dir)),
+        own_state_tier(shared ? nullptr : make_tier<ST>(rank, dir)),
+        conn(make(rt, group)) {}
+  ST& state_tier() {
+    if constexpr (shared) return *tier;
+    else return *own_state_tier;
+  }
   Conn make(HostRuntime& rt, TpQuorum& group) {
     if constexpr (Conn::has_state) {
       using S = typename Conn::state_leg_type;
-      return Conn(pools.geo, rt, pools.memory(), typename Conn::kv_leg_type(*tier), S(*tier), group);
+      return Conn(pools.geo, rt, pools.memory(), typename Conn::kv_leg_type(*tier), S(state_tier()), group);
     } else {
       return Conn(pools.geo, rt, pools.memory(), typename Conn::kv_leg_type(*tier), NoState{}, group);
     }
@@ -213,15 +234,15 @@ TEST_CASE("R1 a request with neither leg reports invalid_spec once per rank on e
   }
   SUBCASE("Dsv4Connector") {
     SingleRank single;
-    legless_request_is_refused<Dsv4Connector<Mem, SingleRank>>(single, 1);
+    legless_request_is_refused<Dsv4Connector<Mem, Mem, SingleRank>>(single, 1);
     TpQuorum quorum{TpQuorumOptions{kWorld, 3, 1024}};
-    legless_request_is_refused<Dsv4Connector<Mem, TpQuorum>>(quorum, kWorld);
+    legless_request_is_refused<Dsv4Connector<Mem, Mem, TpQuorum>>(quorum, kWorld);
   }
   SUBCASE("KimiK3Connector") {
     SingleRank single;
-    legless_request_is_refused<KimiK3Connector<Mem, SingleRank>>(single, 1);
+    legless_request_is_refused<KimiK3Connector<Mem, Mem, SingleRank>>(single, 1);
     TpQuorum quorum{TpQuorumOptions{kWorld, 3, 1024}};
-    legless_request_is_refused<KimiK3Connector<Mem, TpQuorum>>(quorum, kWorld);
+    legless_request_is_refused<KimiK3Connector<Mem, Mem, TpQuorum>>(quorum, kWorld);
   }
 }
 
@@ -241,6 +262,26 @@ TEST_CASE("presets: KimiK3Connector over a DiskTier per rank") {
   const auto dir = std::filesystem::temp_directory_path() / ("kvfuse-presets-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   run_preset<KimiK3Connector<DiskTier>>(dir);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("presets: KimiK3Connector with KV in a MemoryTier and state in a DiskTier") {
+  const auto dir = std::filesystem::temp_directory_path() / ("kvfuse-mixed-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  using Conn = KimiK3Connector<Mem, DiskTier>;
+  static_assert(std::is_same_v<Conn::state_leg_type, RecurrentState<DiskTier>>);
+  run_preset<Conn>(dir);
+  // The state checkpoint went to disk, the KV chunks did not: each leg used its own tier.
+  std::size_t files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir / "rank0")) files += entry.is_regular_file();
+  CHECK(files == 1);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("presets: Dsv4Connector with KV in a MemoryTier and state in a DiskTier") {
+  const auto dir = std::filesystem::temp_directory_path() / ("kvfuse-mixed-dsv4-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  run_preset<Dsv4Connector<Mem, DiskTier>>(dir);
   std::filesystem::remove_all(dir);
 }
 
@@ -271,7 +312,7 @@ TEST_CASE("R18 after a restart the index is re-seeded from the tiers and KV and 
     REQUIRE(engine.settle(0, 4));
     for (std::uint32_t r = 0; r + 1 < kWorld; ++r) {  // rank 3 crashed before storing this one
       std::vector<std::byte> bytes(geo.slot_bytes, std::byte{1});
-      REQUIRE(ranks[r]->tier->put(TierKey{geo.model, partial_hash, kWorld, r, EntryKind::state}, bytes));
+      REQUIRE(ranks[r]->state_tier().put(TierKey{geo.model, partial_hash, kWorld, r, EntryKind::state}, bytes));
     }
   }
 
@@ -282,7 +323,7 @@ TEST_CASE("R18 after a restart the index is re-seeded from the tiers and KV and 
   for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, engine.group, dir));
   CHECK_FALSE(engine.index.could_serve(state_hash));
   std::vector<std::vector<TierKey>> catalogues;
-  for (auto& rank : ranks) catalogues.push_back(rank->tier->keys(EntryKind::state));
+  for (auto& rank : ranks) catalogues.push_back(rank->state_tier().keys(EntryKind::state));
   CHECK(reseed_state_hashes(engine.index, catalogues, geo.model, kWorld) == 1);
   CHECK(engine.index.could_serve(state_hash));
   CHECK_FALSE(engine.index.could_serve(partial_hash));  // not every rank holds it

@@ -152,7 +152,7 @@ struct OrderRank {
   LoggingGroup group;
   DevicePools<SlowGatherRuntime> pools{rt, small_geometry(0, 1)};
   GatedTier tier;
-  using Conn = KimiK3Connector<GatedTier, LoggingGroup, SlowGatherRuntime>;
+  using Conn = KimiK3Connector<GatedTier, GatedTier, LoggingGroup, SlowGatherRuntime>;
   std::unique_ptr<Conn> conn;
   RecordLog records;
   OrderRank() {

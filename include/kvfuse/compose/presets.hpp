@@ -1,5 +1,6 @@
 // kvfuse/compose/presets.hpp — the three shipped compositions. Type aliases, nothing more:
-// the same Connector template serves every model, so a fix to it fixes all three.
+// the same Connector template serves every model, so a fix to it fixes all three. Each
+// leg names its own tier type, so "KV in a MemoryTier, state in a DiskTier" is a preset.
 #pragma once
 
 #include <kvfuse/completion/tp_quorum.hpp>
@@ -11,17 +12,18 @@
 namespace kvfuse {
 
 /// Dense models: paged KV only. No state lane exists and no state branch is compiled.
-template <Tier T, class Group = TpQuorum, Runtime R = HostRuntime>
-using DenseConnector = Connector<PagedKv<T>, NoState, Group, R>;
+template <Tier KvTier, class Group = TpQuorum, Runtime R = HostRuntime>
+using DenseConnector = Connector<PagedKv<KvTier>, NoState, Group, R>;
 
 /// DeepSeek-V4: paged KV, then the slot state on the same lane (page retrieve, sidecar
-/// validation, slot scatter, one record).
-template <Tier T, class Group = TpQuorum, Runtime R = HostRuntime>
-using Dsv4Connector = Connector<PagedKv<T>, SlotState<T>, Group, R>;
+/// validation, slot scatter, one record). The state entries may live in a tier of their
+/// own (say KV in memory, state on disk); by default they share the KV tier's type.
+template <Tier KvTier, Tier StateTier = KvTier, class Group = TpQuorum, Runtime R = HostRuntime>
+using Dsv4Connector = Connector<PagedKv<KvTier>, SlotState<StateTier>, Group, R>;
 
 /// Kimi-K3: paged KV and the recurrent state on their own lanes, joined before the one
-/// record (R9).
-template <Tier T, class Group = TpQuorum, Runtime R = HostRuntime>
-using KimiK3Connector = Connector<PagedKv<T>, RecurrentState<T>, Group, R>;
+/// record (R9). The state tier's type defaults to the KV tier's.
+template <Tier KvTier, Tier StateTier = KvTier, class Group = TpQuorum, Runtime R = HostRuntime>
+using KimiK3Connector = Connector<PagedKv<KvTier>, RecurrentState<StateTier>, Group, R>;
 
 }  // namespace kvfuse
