@@ -6,11 +6,11 @@
 #                                    lists are stale, a rule has no test, or a test names a
 #                                    rule the document has no section for
 #
-# A rule test is a doctest TEST_CASE whose name starts with "R<n> " (DESIGN.md section 4).
+# A rule test is a doctest TEST_CASE whose name starts with "R<n> " (docs/rules.md).
 # In docs/rules.md each rule's list sits between the lines "<!-- tests R<n> -->" and
 # "<!-- /tests -->"; everything between them is generated, everything else is left alone.
-# ctest runs the --check form, so a new or renamed rule test fails the suite until this
-# script has been run and the result committed. Needs only bash, grep, sed and awk.
+# ctest runs the --check form (through scripts/check_docs.sh), so a new or renamed rule test
+# fails the suite until this script has been run and the result committed. Needs only bash, grep, sed and awk.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,7 +65,7 @@ if [ -n "$missing_sections" ]; then
   problems=1
 fi
 if grep -qx -- '- none yet' "$generated"; then
-  echo "rules_tests.sh: a rule in $doc has no test (DESIGN.md section 4 wants at least one each):" >&2
+  echo "rules_tests.sh: a rule in $doc has no test (every rule needs at least one):" >&2
   grep -B1 -x -- '- none yet' "$generated" | grep -o 'R[0-9]*' | sed 's/^/  /' >&2
   problems=1
 fi
