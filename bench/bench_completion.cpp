@@ -1,4 +1,4 @@
-// Completion path throughput (DESIGN section 6: >= 10 M records/s drained and merged at 8
+// Completion path throughput (bench/README.md targets: >= 10 M records/s drained and merged at 8
 // ranks) and the cost of a lane push against a bare boost::lockfree::spsc_queue push.
 //
 // Prints, after the Google Benchmark table, the ratios the targets are stated in:
@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
   }
   const double at8 = find(ips, "BM_DrainMerge/8/");
   if (at8 > 0)
-    std::printf("target (DESIGN 6): >= 10 M records/s drained and merged at 8 ranks: %.1f M/s -> %s\n", at8 / 1e6,
+    std::printf("target (bench/README.md): >= 10 M records/s drained and merged at 8 ranks: %.1f M/s -> %s\n", at8 / 1e6,
                 at8 >= 10e6 ? "met" : "NOT met");
   return 0;
 }

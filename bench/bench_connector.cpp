@@ -1,4 +1,4 @@
-// Connector load-path costs against DESIGN.md section 6. Each ratio compares timings taken
+// Connector load-path costs against the targets table (bench/README.md). Each ratio compares timings taken
 // inside the same benchmark iterations (the sides alternate), and uses the median of each
 // side, so a machine shared with other work slows both sides alike and an iteration that
 // lost its core to another process does not count against whichever side it hit. Every
@@ -697,7 +697,7 @@ int main(int argc, char** argv) {
   const RatioReporter& r = reporter;
   const std::string lat = "BM_JointLoad/delay_us:2000/", bw = "BM_JointLoad/delay_us:0/leg_KiB:16384/";
   const std::string dense = "BM_DenseVsHandWritten/", hit = "BM_LoadVsMemcpy64MiB/";
-  std::printf("\n== connector load path: medians from this run (DESIGN.md section 6) ==\n");
+  std::printf("\n== connector load path: medians from this run (targets: bench/README.md) ==\n");
   const double j = r.get(lat, "joint_over_max");
   line("joint / max(kv, state), 2 ms tier latency per get, K3", j, "<= 1.10", j <= 1.10);
   line("serialized (after_kv, one lane) / max(kv, state), same legs", r.get(lat, "serial_over_max"));

@@ -1,4 +1,4 @@
-// OffloadIndex costs against DESIGN.md section 6:
+// OffloadIndex costs against the targets table (bench/README.md):
 //   stats() with the full audit at 2^20 indexed hashes      < 1 us, every read
 //   request_load + settle pair                               < 200 ns median
 //   failing 2048 outstanding loads in one step               < 0.5 ms

@@ -120,7 +120,7 @@ BENCHMARK(memory_tier_chunks)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(xxh64_4MiB)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(disk_tier_hit_4MiB)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// Prints the usual table, then the ratios DESIGN.md section 6 asks for.
+// Prints the usual table, then the ratios bench/README.md sets targets for.
 // With --benchmark_repetitions=N the ratios use the medians, else the single run.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every kvfuse benchmark binary in a directory, then prints one table of the ratios
-# DESIGN.md section 6 sets targets for, each with its target and PASS/MISS.
+# the ratios bench/README.md sets targets for, each with its target and PASS/MISS.
 #
 #   bench/run.sh [BENCH_DIR]        default: build/release/bench   (about a minute on 2 cores)
 #
@@ -113,7 +113,7 @@ idx=kvfuse_bench_offload_index comp=kvfuse_bench_completion conn=kvfuse_bench_co
 rt=kvfuse_bench_runtime tiers=kvfuse_bench_tiers
 dense=BM_DenseVsHandWritten hit=BM_LoadVsMemcpy64MiB
 
-echo "== kvfuse: DESIGN.md section 6, every figure from this run ($(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs) =="
+echo "== kvfuse: the targets table (bench/README.md), every figure from this run ($(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs) =="
 printf '  %-64s %12s  %-12s %s\n' "what" "measured" "target" ""
 echo "  -- engine index (kvfuse_bench_offload_index)"
 row "stats() with the full audit, 2^20 indexed hashes" "$(m $idx BM_Stats/1048576 real_time)" ns "<" 1000

@@ -1,6 +1,7 @@
 cmake_policy(SET CMP0057 NEW)
-# Fails if a header includes one from a folder above its own in the data flow (DESIGN
-# section 7). Run by ctest as: cmake -DINCLUDE_DIR=<repo>/include/kvfuse -P check_layering.cmake
+# Fails if a header includes one from a folder above its own in the data flow
+# (CONTRIBUTING.md#layering). Run by ctest as:
+#   cmake -DINCLUDE_DIR=<repo>/include/kvfuse -P check_layering.cmake
 #
 # Each folder may include itself and the folders listed for it; error.hpp, version.hpp and
 # detail/ are the floor every folder may use. testing/ may include anything.

@@ -1,4 +1,4 @@
-// Saves report twice per rank (DESIGN section 5): `released` as soon as nothing reads the
+// Saves report twice per rank (docs/reference.md#save-path): `released` as soon as nothing reads the
 // source, then `stored`. These tests watch the order of what really happens on the store
 // lane — gather copies, the synchronize that covers them, the tier put, the records — with
 // a runtime whose copies are slow on purpose and a tier whose put can be held open.

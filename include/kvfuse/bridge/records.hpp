@@ -79,7 +79,7 @@ constexpr std::string_view to_string(Reason r) noexcept {
   return "unknown_reason";
 }
 
-/// Which of a save's two reports a SaveRecord is (DESIGN section 5). Every save yields
+/// Which of a save's two reports a SaveRecord is (docs/reference.md#save-path). Every save yields
 /// both, in this order, from every rank.
 enum class SavePhase : std::uint8_t {
   released = 1,  ///< nothing on this rank reads the save's source any more: the engine may reuse it
@@ -98,8 +98,8 @@ struct CompletionRecord {
   friend bool operator==(const CompletionRecord&, const CompletionRecord&) = default;
 };
 
-/// One rank's report on one phase of one save (state checkpoint or KV save; DESIGN
-/// section 5). A rank sends two per save: `released`, then `stored`.
+/// One rank's report on one phase of one save (state checkpoint or KV save;
+/// docs/reference.md#save-path). A rank sends two per save: `released`, then `stored`.
 ///   released: ok = nothing reads the source any more (false only if that could not be
 ///             confirmed: the source must stay pinned);
 ///   stored:   ok = this rank's tier holds the bytes.

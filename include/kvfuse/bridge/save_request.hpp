@@ -1,4 +1,4 @@
-// kvfuse/bridge/save_request.hpp — the plain data of a save, engine to rank (DESIGN section 5).
+// kvfuse/bridge/save_request.hpp — the plain data of a save, engine to rank (docs/reference.md#save-path).
 #pragma once
 
 #include <vector>

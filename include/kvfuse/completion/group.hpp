@@ -1,6 +1,6 @@
 // kvfuse/completion/group.hpp — the two halves of a completion group, as concepts.
 //
-// A group turns per-rank records into one settlement per key (DESIGN section 3):
+// A group turns per-rank records into one settlement per key (docs/reference.md#groups):
 //   * rank side: an Emitter (RecordEmitter) that a lane writes its records into;
 //   * engine side: a merger that takes drained records and produces Settlements.
 // The worker-side Connector sees only `typename G::Emitter`; the engine side sees the

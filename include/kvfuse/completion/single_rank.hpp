@@ -5,7 +5,7 @@
 // settles the moment it is drained; anything else is late (R3; the index is the truth).
 //
 // The handoff. The rank's lanes run on their own threads and the engine settles on its
-// own, so a record must cross threads; "no queue" in DESIGN means no quorum between the
+// own, so a record must cross threads; "no queue" (docs/reference.md#single-rank) means no quorum between the
 // record and its settlement, not a direct cross-thread call. The crossing is the same
 // bounded lock-free SPSC lane queue TpQuorum uses (a RankQueue for rank 0): wait-free for
 // the lane while there is room, never blocking it on the engine, never allocating.

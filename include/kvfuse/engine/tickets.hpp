@@ -167,7 +167,7 @@ class LoadTicket {
   std::optional<KvSpec> kv_;
 };
 
-/// A move-only claim on one admitted save (DESIGN section 5): the save a rank will run,
+/// A move-only claim on one admitted save (docs/reference.md#save-path): the save a rank will run,
 /// with the key the index issued. Consumed by exactly one of dispatch() (which yields the
 /// save to ship to every rank; from then on the index accepts its records) or abandon();
 /// destroyed unconsumed, it abandons itself. A save cannot reach a rank unannounced: its

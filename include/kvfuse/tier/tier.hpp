@@ -1,6 +1,6 @@
 // kvfuse/tier/tier.hpp — the Tier policy: where offloaded bytes live.
 //
-// Shaped for a remote store from the start (DESIGN section 3): a get can miss or fail per
+// Shaped for a remote store from the start (docs/reference.md#tier): a get can miss or fail per
 // entry, a put can fail, no call holds a lock across I/O, and keys carry the model, world
 // size and rank so ranks never read each other's slices.
 #pragma once

@@ -156,7 +156,7 @@ class Connector {
     });
   }
 
-  /// Saves a state checkpoint on the save lane (DESIGN section 5). Exactly two
+  /// Saves a state checkpoint on the save lane (docs/reference.md#save-path). Exactly two
   /// SaveRecords follow, `released` then `stored`; a rank without a state tier reports its
   /// untouched source released and the save not stored (R14). Rank thread only; noexcept.
   void save_state(StateSave save) noexcept

@@ -29,7 +29,7 @@ struct DeviceMemory {
 
 /// A save leg's way to say "nothing reads the source any more" the moment it knows (after
 /// the gather's synchronize, before the tier put), so the engine frees the source blocks
-/// long before the store lands (DESIGN section 5). Calls after the first do nothing; a
+/// long before the store lands (docs/reference.md#save-path). Calls after the first do nothing; a
 /// default-constructed one does nothing at all (load lanes). A leg that never calls it is
 /// still correct: the Connector synchronizes the lane's stream after the leg and releases.
 /// Only the lane's own thread calls it; noexcept.
