@@ -18,6 +18,7 @@
 // engine side
 #include <kvfuse/engine/capability.hpp>
 #include <kvfuse/engine/connector_names.hpp>
+#include <kvfuse/engine/planner.hpp>
 #include <kvfuse/engine/index_options.hpp>
 #include <kvfuse/engine/tickets.hpp>
 #include <kvfuse/engine/offload_index.hpp>

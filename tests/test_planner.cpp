@@ -1,0 +1,602 @@
+// The Planner (DESIGN section 10): one test per NoLoadReason, a table of the edges the seed
+// got wrong, and a property test against a brute-force planner written independently here.
+// Every plan the property test sees is also handed to the ranks' own checks
+// (check_kv_spec, check_state_spec, the DSV4 floor rule), so "ranks accept it" is tested
+// against the rank code, not restated.
+#include <doctest/doctest.h>
+
+#include <kvfuse/engine/planner.hpp>
+#include <kvfuse/testing/alloc_counter.hpp>
+#include <kvfuse/worker/paged_kv.hpp>
+#include <kvfuse/worker/rank_geometry.hpp>
+#include <kvfuse/worker/state_legs.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <set>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+KVFUSE_DEFINE_COUNTING_OPERATOR_NEW();
+
+using namespace kvfuse;
+
+namespace {
+
+std::string describe(const LoadPlan& plan) {
+  if (const auto* p = std::get_if<NoLoad>(&plan)) return "no_load(" + std::string(to_string(p->reason)) + ")";
+  if (const auto* p = std::get_if<KvOnlyLoad>(&plan))
+    return "kv_only{hbm " + std::to_string(p->hbm) + " end " + std::to_string(p->end) + "}";
+  if (const auto* p = std::get_if<JointLoad>(&plan))
+    return "joint{hbm " + std::to_string(p->hbm) + " end " + std::to_string(p->end) + " B " +
+           std::to_string(p->boundary) + "}";
+  if (const auto* p = std::get_if<StateOnlyLoad>(&plan)) return "state_only{B " + std::to_string(p->boundary) + "}";
+  return "valueless";
+}
+
+std::string describe(const PlanInput& in) {
+  std::string s = "P " + std::to_string(in.prompt_tokens) + " hbm " + std::to_string(in.hbm) + " lookup " +
+                  std::to_string(in.lookup_tokens) + " layout " + std::string(to_string(in.layout)) + " grids " +
+                  std::to_string(in.grids.block_tokens) + "/" + std::to_string(in.grids.chunk_tokens) + " min " +
+                  std::to_string(in.min_load_tokens) + " servable {";
+  for (const TokenCount b : in.servable_boundaries) s += " " + std::to_string(b);
+  return s + " }";
+}
+
+/// One input, owning its servable list.
+struct Case {
+  TokenCount prompt = 0, hbm = 0, lookup = 0;
+  std::vector<TokenCount> servable;
+  StateLayout layout = StateLayout::none;
+  PlanGrids grids{16, 256};
+  TokenCount min_load = 0;
+
+  [[nodiscard]] PlanInput input() const {
+    PlanInput in;
+    in.prompt_tokens = prompt;
+    in.hbm = hbm;
+    in.lookup_tokens = lookup;
+    in.servable_boundaries = servable;
+    in.layout = layout;
+    in.grids = grids;
+    in.min_load_tokens = min_load;
+    return in;
+  }
+  [[nodiscard]] LoadPlan plan() const { return plan_load(input()); }
+};
+
+constexpr std::array<StateLayout, 3> all_layouts{StateLayout::none, StateLayout::dsv4_slot, StateLayout::k3_recurrent};
+constexpr std::array<StateLayout, 2> stateful_layouts{StateLayout::dsv4_slot, StateLayout::k3_recurrent};
+
+/// Checks the plan is NoLoad with `reason`.
+void check_no_load(const Case& c, NoLoadReason reason) {
+  const LoadPlan got = c.plan();
+  INFO(describe(c.input()), " -> ", describe(got));
+  const auto* no = std::get_if<NoLoad>(&got);
+  REQUIRE(no != nullptr);
+  CHECK(no->reason == reason);
+  CHECK(claimed_tokens(got) == 0);
+  CHECK(chunk_range(got, c.grids).empty());
+  CHECK(block_range(got, c.grids).empty());
+  CHECK_FALSE(state_boundary(got).has_value());
+}
+
+/// What ranks say about the plan: Reason::none when every leg would be accepted.
+Reason rank_verdict(const LoadPlan& plan, const PlanInput& in) {
+  RankGeometry geo;
+  geo.block_tokens = in.grids.block_tokens;
+  geo.chunk_tokens = in.grids.chunk_tokens;
+  geo.kv_bytes_per_token = 1;
+  geo.num_blocks = 1u << 20;
+  geo.num_slots = 1;
+  geo.slot_bytes = 1;
+  geo.validate();
+  std::optional<KvSpec> kv;
+  if (const auto* p = std::get_if<KvOnlyLoad>(&plan)) kv = KvSpec{p->hbm, p->end, {}, {}};
+  if (const auto* p = std::get_if<JointLoad>(&plan)) kv = KvSpec{p->hbm, p->end, {}, {}};
+  if (kv) {
+    kv->chunk_keys.assign(chunk_range(plan, in.grids).size(), PrefixHash{1});
+    kv->blocks.assign(block_range(plan, in.grids).size(), BlockId{0});
+    if (const Reason r = check_kv_spec(*kv, geo); r != Reason::none) return r;
+  }
+  if (const std::optional<TokenCount> b = state_boundary(plan)) {
+    const StateSpec spec{*b, PrefixHash{2}, SlotId{0}, in.grids.block_tokens, in.grids.chunk_tokens};
+    if (const Reason r = check_state_spec(spec, kv ? &*kv : nullptr, geo); r != Reason::none) return r;
+    if (in.layout == StateLayout::dsv4_slot && kv && kv->hbm != 0) return Reason::nonzero_hbm_floor;  // SlotState::load
+  }
+  return Reason::none;
+}
+
+}  // namespace
+
+template <>
+struct doctest::StringMaker<LoadPlan> {
+  static doctest::String convert(const LoadPlan& plan) { return describe(plan).c_str(); }
+};
+template <>
+struct doctest::StringMaker<IndexRange> {
+  static doctest::String convert(IndexRange r) {
+    return ("[" + std::to_string(r.first) + ", " + std::to_string(r.last) + ")").c_str();
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// 1. One test case per NoLoadReason.
+
+TEST_CASE("no_load bad_grids when a grid is zero or the chunk is not a multiple of the block") {
+  for (const StateLayout layout : all_layouts) {
+    for (const PlanGrids grids : {PlanGrids{0, 256}, PlanGrids{16, 0}, PlanGrids{0, 0}, PlanGrids{16, 40},
+                                  PlanGrids{256, 16}}) {
+      Case c{1000, 0, 512, {400}, layout, grids, 0};
+      check_no_load(c, NoLoadReason::bad_grids);
+    }
+  }
+  CHECK(to_string(NoLoadReason::bad_grids) == "bad_grids");
+}
+
+TEST_CASE("no_load unknown_layout for a StateLayout value outside the enum") {
+  Case c{1000, 0, 512, {400}, static_cast<StateLayout>(7)};
+  check_no_load(c, NoLoadReason::unknown_layout);
+  CHECK(to_string(NoLoadReason::unknown_layout) == "unknown_layout");
+}
+
+TEST_CASE("no_load empty_prompt when the prompt has no tokens") {
+  for (const StateLayout layout : all_layouts) check_no_load(Case{0, 0, 0, {16}, layout}, NoLoadReason::empty_prompt);
+  CHECK(to_string(NoLoadReason::empty_prompt) == "empty_prompt");
+}
+
+TEST_CASE("no_load hbm_off_block_grid because ranks refuse a floor that is not block aligned") {
+  for (const StateLayout layout : all_layouts) {
+    check_no_load(Case{1000, 40, 512, {400}, layout}, NoLoadReason::hbm_off_block_grid);
+    check_no_load(Case{1000, 1, 512, {400}, layout}, NoLoadReason::hbm_off_block_grid);
+  }
+  // On the block grid but off the chunk grid is loadable (see the table test).
+  CHECK(std::holds_alternative<KvOnlyLoad>(Case{1000, 48, 512, {}, StateLayout::none}.plan()));
+  CHECK(to_string(NoLoadReason::hbm_off_block_grid) == "hbm_off_block_grid");
+}
+
+TEST_CASE("no_load lookup_off_chunk_grid because the tier holds whole chunks only") {
+  for (const StateLayout layout : all_layouts) {
+    check_no_load(Case{1000, 0, 300, {256}, layout}, NoLoadReason::lookup_off_chunk_grid);
+    check_no_load(Case{1000, 0, 16, {16}, layout}, NoLoadReason::lookup_off_chunk_grid);
+  }
+  CHECK(to_string(NoLoadReason::lookup_off_chunk_grid) == "lookup_off_chunk_grid");
+}
+
+TEST_CASE("no_load lookup_beyond_prompt when the lookup claims more tokens than the prompt has") {
+  for (const StateLayout layout : all_layouts) {
+    check_no_load(Case{500, 0, 512, {256}, layout}, NoLoadReason::lookup_beyond_prompt);
+    check_no_load(Case{1000, 0, 1024, {256}, layout}, NoLoadReason::lookup_beyond_prompt);
+  }
+  // lookup == P is the whole prompt in the tier: allowed.
+  CHECK(std::holds_alternative<KvOnlyLoad>(Case{1024, 0, 1024, {}, StateLayout::none}.plan()));
+  CHECK(to_string(NoLoadReason::lookup_beyond_prompt) == "lookup_beyond_prompt");
+}
+
+TEST_CASE("no_load lookup_within_hbm when the tier holds nothing above the HBM floor") {
+  // Dense: lookup below and equal to hbm.
+  check_no_load(Case{1000, 512, 256, {}, StateLayout::none}, NoLoadReason::lookup_within_hbm);
+  check_no_load(Case{1000, 512, 512, {}, StateLayout::none}, NoLoadReason::lookup_within_hbm);
+  check_no_load(Case{1000, 0, 0, {}, StateLayout::none}, NoLoadReason::lookup_within_hbm);
+  // Stateful: a boundary above hbm, none at or below it, and nothing in the tier above hbm.
+  check_no_load(Case{1000, 512, 512, {640}, StateLayout::k3_recurrent}, NoLoadReason::lookup_within_hbm);
+  check_no_load(Case{1000, 0, 0, {400}, StateLayout::k3_recurrent}, NoLoadReason::lookup_within_hbm);
+  check_no_load(Case{1000, 0, 0, {400}, StateLayout::dsv4_slot}, NoLoadReason::lookup_within_hbm);
+  CHECK(to_string(NoLoadReason::lookup_within_hbm) == "lookup_within_hbm");
+}
+
+TEST_CASE("no_load chunk_holds_last_token when every tier chunk above hbm reaches the last prompt token") {
+  // P = 256: the one chunk holds token 255, which is always computed.
+  check_no_load(Case{256, 0, 256, {}, StateLayout::none}, NoLoadReason::chunk_holds_last_token);
+  // P = 512, hbm = 256: chunk [256, 512) holds token 511.
+  check_no_load(Case{512, 256, 512, {}, StateLayout::none}, NoLoadReason::chunk_holds_last_token);
+  check_no_load(Case{512, 272, 512, {}, StateLayout::none}, NoLoadReason::chunk_holds_last_token);
+  // One more prompt token and the chunk is loadable.
+  CHECK(Case{257, 0, 256, {}, StateLayout::none}.plan() == LoadPlan{KvOnlyLoad{0, 256}});
+  CHECK(to_string(NoLoadReason::chunk_holds_last_token) == "chunk_holds_last_token");
+}
+
+TEST_CASE("no_load nothing_servable_above_hbm when no servable boundary lies in the prompt") {
+  for (const StateLayout layout : stateful_layouts) {
+    check_no_load(Case{1000, 0, 768, {}, layout}, NoLoadReason::nothing_servable_above_hbm);
+    // B = P (the last token at a boundary) is never chosen; neither are zero, entries
+    // above the prompt or off the block grid.
+    check_no_load(Case{1024, 0, 1024, {0, 1024, 1040, 2048, 401}, layout}, NoLoadReason::nothing_servable_above_hbm);
+  }
+  // Dense models ignore boundaries: an empty servable list is not a reason for them.
+  CHECK(std::holds_alternative<KvOnlyLoad>(Case{1000, 0, 768, {}, StateLayout::none}.plan()));
+  CHECK(to_string(NoLoadReason::nothing_servable_above_hbm) == "nothing_servable_above_hbm");
+}
+
+TEST_CASE("no_load dsv4_nonzero_hbm when a DSV4 joint load would start above zero") {
+  check_no_load(Case{1000, 256, 768, {400}, StateLayout::dsv4_slot}, NoLoadReason::dsv4_nonzero_hbm);
+  check_no_load(Case{1000, 48, 512, {400, 512}, StateLayout::dsv4_slot}, NoLoadReason::dsv4_nonzero_hbm);
+  // The same input is a joint load for K3 and for DSV4 from hbm 0.
+  CHECK(Case{1000, 256, 768, {400}, StateLayout::k3_recurrent}.plan() == LoadPlan{JointLoad{256, 512, 400}});
+  CHECK(Case{1000, 0, 768, {400}, StateLayout::dsv4_slot}.plan() == LoadPlan{JointLoad{0, 512, 400}});
+  // A DSV4 state-only load (no KV spec) is accepted with hbm > 0.
+  CHECK(Case{1000, 256, 768, {128, 400}, StateLayout::dsv4_slot}.plan() == LoadPlan{StateOnlyLoad{128}});
+  CHECK(to_string(NoLoadReason::dsv4_nonzero_hbm) == "dsv4_nonzero_hbm");
+}
+
+TEST_CASE("no_load covering_chunk_beyond_lookup when the chunk covering every boundary is not all in the tier") {
+  for (const StateLayout layout : stateful_layouts) {
+    // B = 272 needs chunk [256, 512); the tier holds only [0, 256).
+    check_no_load(Case{1000, 0, 256, {272}, layout}, NoLoadReason::covering_chunk_beyond_lookup);
+    check_no_load(Case{1000, 0, 256, {272, 496, 768}, layout}, NoLoadReason::covering_chunk_beyond_lookup);
+  }
+  check_no_load(Case{1000, 256, 512, {528}, StateLayout::k3_recurrent}, NoLoadReason::covering_chunk_beyond_lookup);
+  CHECK(to_string(NoLoadReason::covering_chunk_beyond_lookup) == "covering_chunk_beyond_lookup");
+}
+
+TEST_CASE("no_load load_too_small when the best load spares fewer than the minimum tokens") {
+  // Dense spares end - hbm = 256.
+  CHECK(Case{1000, 256, 512, {}, StateLayout::none, {16, 256}, 256}.plan() == LoadPlan{KvOnlyLoad{256, 512}});
+  check_no_load(Case{1000, 256, 512, {}, StateLayout::none, {16, 256}, 257}, NoLoadReason::load_too_small);
+  for (const StateLayout layout : stateful_layouts) {
+    // Joint spares all of B = 400 (hbm 0 so DSV4 may load too).
+    CHECK(Case{1000, 0, 512, {400}, layout, {16, 256}, 400}.plan() == LoadPlan{JointLoad{0, 512, 400}});
+    check_no_load(Case{1000, 0, 512, {400}, layout, {16, 256}, 401}, NoLoadReason::load_too_small);
+    // State-only spares B = 128; a lower boundary never rescues a too-small best.
+    CHECK(Case{1000, 256, 0, {64, 128}, layout, {16, 256}, 128}.plan() == LoadPlan{StateOnlyLoad{128}});
+    check_no_load(Case{1000, 256, 0, {64, 128}, layout, {16, 256}, 129}, NoLoadReason::load_too_small);
+  }
+  // K3 joint from hbm 256: still spares B = 400, not B - hbm.
+  CHECK(Case{1000, 256, 512, {400}, StateLayout::k3_recurrent, {16, 256}, 400}.plan() ==
+        LoadPlan{JointLoad{256, 512, 400}});
+  CHECK(to_string(NoLoadReason::load_too_small) == "load_too_small");
+}
+
+TEST_CASE("to_string names every NoLoadReason distinctly") {
+  std::set<std::string_view> names;
+  for (unsigned r = 0; r <= static_cast<unsigned>(last_no_load_reason); ++r) {
+    const std::string_view name = to_string(static_cast<NoLoadReason>(r));
+    CHECK_FALSE(name.empty());
+    CHECK(name != "unknown_no_load_reason");
+    names.insert(name);
+  }
+  CHECK(names.size() == static_cast<std::size_t>(last_no_load_reason) + 1);
+  CHECK(to_string(static_cast<NoLoadReason>(static_cast<unsigned>(last_no_load_reason) + 1)) ==
+        "unknown_no_load_reason");
+}
+
+// ---------------------------------------------------------------------------------------
+// Purity and the helpers.
+
+TEST_CASE("plan_load is constexpr and noexcept and allocates nothing") {
+  static_assert(noexcept(plan_load(std::declval<const PlanInput&>())));
+  static_assert(noexcept(claimed_tokens(std::declval<const LoadPlan&>())));
+  static_assert(noexcept(chunk_range(std::declval<const LoadPlan&>(), PlanGrids{})));
+  static_assert(noexcept(block_range(std::declval<const LoadPlan&>(), PlanGrids{})));
+  static_assert(noexcept(state_boundary(std::declval<const LoadPlan&>())));
+  static_assert(std::is_trivially_copyable_v<LoadPlan>);
+  static constexpr std::array<TokenCount, 3> servable{128, 400, 1008};
+  constexpr PlanInput in{1000, 0, 768, servable, StateLayout::k3_recurrent, PlanGrids{16, 256}, 0};
+  static_assert(plan_load(in) == LoadPlan{JointLoad{0, 512, 400}});
+  static_assert(claimed_tokens(plan_load(in)) == 400);
+  static_assert(chunk_range(plan_load(in), in.grids) == IndexRange{0, 2});
+
+  const std::vector<TokenCount> many{16, 32, 48, 400, 512, 1008};
+  REQUIRE(detail::AllocationScope::hook_installed());
+  detail::AllocationScope scope;
+  TokenCount total = 0;
+  for (const StateLayout layout : all_layouts) {
+    const PlanInput input{1000, 48, 768, many, layout, PlanGrids{16, 256}, 0};
+    const LoadPlan plan = plan_load(input);
+    total += claimed_tokens(plan) + chunk_range(plan, input.grids).size() + block_range(plan, input.grids).size() +
+             state_boundary(plan).value_or(0);
+  }
+  CHECK(scope.this_thread() == 0);
+  CHECK(total > 0);
+}
+
+TEST_CASE("claimed_tokens and the index ranges of each plan kind") {
+  const PlanGrids grids{16, 256};
+  const LoadPlan kv = KvOnlyLoad{48, 768};
+  CHECK(claimed_tokens(kv) == 768);
+  CHECK(chunk_range(kv, grids) == IndexRange{0, 3});
+  CHECK(block_range(kv, grids) == IndexRange{3, 48});
+  CHECK_FALSE(state_boundary(kv).has_value());
+
+  const LoadPlan joint = JointLoad{272, 512, 400};
+  CHECK(claimed_tokens(joint) == 400);  // B, never end
+  CHECK(chunk_range(joint, grids) == IndexRange{1, 2});
+  CHECK(block_range(joint, grids) == IndexRange{17, 32});
+  CHECK(state_boundary(joint) == std::optional<TokenCount>{400});
+
+  const LoadPlan state = StateOnlyLoad{496};
+  CHECK(claimed_tokens(state) == 496);
+  CHECK(chunk_range(state, grids).empty());  // no KV spec at all (R10)
+  CHECK(block_range(state, grids).empty());
+  CHECK(state_boundary(state) == std::optional<TokenCount>{496});
+
+  const LoadPlan none = NoLoad{NoLoadReason::load_too_small};
+  CHECK(claimed_tokens(none) == 0);
+  CHECK(chunk_range(none, grids).empty());
+  CHECK_FALSE(state_boundary(none).has_value());
+
+  // Invalid grids give empty ranges rather than dividing by zero.
+  CHECK(chunk_range(kv, PlanGrids{0, 0}).empty());
+  CHECK(block_range(kv, PlanGrids{16, 40}).empty());
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. The edges the seed got wrong, as a table.
+
+namespace {
+struct Row {
+  const char* what;
+  Case input;
+  LoadPlan want;
+  IndexRange chunks{};  // expected chunk_range (empty: no KV leg)
+  IndexRange blocks{};  // expected block_range
+};
+}  // namespace
+
+TEST_CASE("planner table of grid and boundary edges for dense and DSV4 and K3") {
+  using L = StateLayout;
+  const std::vector<Row> rows{
+      // The HBM floor off the chunk grid (on the block grid) loads from hbm; keys start at
+      // the chunk containing hbm, blocks at hbm / block.
+      {"dense floor mid-chunk", {1000, 48, 768, {}, L::none}, KvOnlyLoad{48, 768}, {0, 3}, {3, 48}},
+      {"dense floor mid-second-chunk", {1000, 496, 512, {}, L::none}, KvOnlyLoad{496, 512}, {1, 2}, {31, 32}},
+      {"k3 floor mid-chunk", {1000, 48, 512, {400}, L::k3_recurrent}, JointLoad{48, 512, 400}, {0, 2}, {3, 32}},
+      {"k3 floor and B in one chunk", {1000, 272, 512, {400}, L::k3_recurrent}, JointLoad{272, 512, 400}, {1, 2},
+       {17, 32}},
+      {"dsv4 floor mid-chunk refuses joint", {1000, 48, 512, {400}, L::dsv4_slot},
+       NoLoad{NoLoadReason::dsv4_nonzero_hbm}},
+      {"dsv4 floor mid-chunk state-only", {1000, 48, 512, {32, 400}, L::dsv4_slot}, StateOnlyLoad{32}},
+      // A boundary on the checkpoint grid but not the chunk grid: the KV leg runs to the
+      // chunk covering B, the request claims B.
+      {"k3 B off chunk grid", {1000, 0, 512, {272}, L::k3_recurrent}, JointLoad{0, 512, 272}, {0, 2}, {0, 32}},
+      {"dsv4 B off chunk grid", {1000, 0, 512, {272}, L::dsv4_slot}, JointLoad{0, 512, 272}, {0, 2}, {0, 32}},
+      {"k3 B on chunk grid", {1000, 0, 512, {256}, L::k3_recurrent}, JointLoad{0, 256, 256}, {0, 1}, {0, 16}},
+      {"k3 end past P-1", {512, 0, 512, {304}, L::k3_recurrent}, JointLoad{0, 512, 304}, {0, 2}, {0, 32}},
+      // A lookup shorter than the covering chunk: a lower B, or no load.
+      {"k3 lookup short lower B", {1000, 0, 256, {128, 272}, L::k3_recurrent}, JointLoad{0, 256, 128}, {0, 1},
+       {0, 16}},
+      {"dsv4 lookup short lower B", {1000, 0, 256, {240, 272}, L::dsv4_slot}, JointLoad{0, 256, 240}, {0, 1}, {0, 16}},
+      {"k3 lookup short no B", {1000, 0, 256, {272, 400}, L::k3_recurrent},
+       NoLoad{NoLoadReason::covering_chunk_beyond_lookup}},
+      {"k3 lookup short falls to state-only", {1000, 256, 256, {128, 272}, L::k3_recurrent}, StateOnlyLoad{128}},
+      // B <= hbm: the KV is resident, only the state moves, no KV at all.
+      {"k3 B below hbm", {1000, 512, 0, {160, 496}, L::k3_recurrent}, StateOnlyLoad{496}},
+      {"k3 B equal hbm", {1000, 512, 512, {512}, L::k3_recurrent}, StateOnlyLoad{512}},
+      {"dsv4 B below hbm", {1000, 512, 0, {160, 496}, L::dsv4_slot}, StateOnlyLoad{496}},
+      {"k3 hbm above prompt", {600, 640, 512, {512, 592, 608}, L::k3_recurrent}, StateOnlyLoad{592}},
+      // The highest servable boundary among several; joint wins over state-only.
+      {"k3 highest of several", {2000, 0, 1024, {64, 512, 700, 1008, 1040}, L::k3_recurrent},
+       JointLoad{0, 1024, 1008}, {0, 4}, {0, 64}},
+      {"k3 highest of several unsorted", {2000, 0, 1024, {1040, 64, 1008, 512, 1008}, L::k3_recurrent},
+       JointLoad{0, 1024, 1008}, {0, 4}, {0, 64}},
+      {"dsv4 highest of several", {2000, 0, 1024, {64, 512, 1008, 1040}, L::dsv4_slot}, JointLoad{0, 1024, 1008},
+       {0, 4}, {0, 64}},
+      {"k3 joint beats state-only", {1000, 256, 512, {128, 256, 400}, L::k3_recurrent}, JointLoad{256, 512, 400},
+       {1, 2}, {16, 32}},
+      {"k3 off-grid boundary ignored", {1000, 0, 512, {401, 384}, L::k3_recurrent}, JointLoad{0, 512, 384}, {0, 2},
+       {0, 32}},
+      // The last prompt token at a boundary: B = P is never chosen.
+      {"k3 last token at boundary", {512, 0, 512, {496, 512}, L::k3_recurrent}, JointLoad{0, 512, 496}, {0, 2},
+       {0, 32}},
+      {"dsv4 last token at boundary", {512, 0, 512, {496, 512}, L::dsv4_slot}, JointLoad{0, 512, 496}, {0, 2},
+       {0, 32}},
+      {"k3 only B = P", {512, 0, 512, {512}, L::k3_recurrent}, NoLoad{NoLoadReason::nothing_servable_above_hbm}},
+      {"k3 B = P - 1 on a fine grid", {17, 0, 16, {16}, L::k3_recurrent, {4, 16}}, JointLoad{0, 16, 16}, {0, 1},
+       {0, 4}},
+      {"dense P on chunk grid", {512, 0, 512, {}, L::none}, KvOnlyLoad{0, 256}, {0, 1}, {0, 16}},
+      {"dense P one past chunk grid", {513, 0, 512, {}, L::none}, KvOnlyLoad{0, 512}, {0, 2}, {0, 32}},
+      {"dense lookup caps end", {2000, 0, 512, {}, L::none}, KvOnlyLoad{0, 512}, {0, 2}, {0, 32}},
+      {"dense ignores boundaries", {1000, 0, 768, {400, 999}, L::none}, KvOnlyLoad{0, 768}, {0, 3}, {0, 48}},
+      {"dense 96-token chunks", {1000, 32, 960, {}, L::none, {32, 96}}, KvOnlyLoad{32, 960}, {0, 10}, {1, 30}},
+  };
+  for (const Row& row : rows) {
+    const PlanInput in = row.input.input();
+    const LoadPlan got = plan_load(in);
+    INFO(row.what, ": ", describe(in), " -> ", describe(got));
+    CHECK(got == row.want);
+    CHECK(chunk_range(got, in.grids) == row.chunks);
+    CHECK(block_range(got, in.grids) == row.blocks);
+    if (!std::holds_alternative<NoLoad>(got)) {
+      CHECK(claimed_tokens(got) < in.prompt_tokens);
+      CHECK(rank_verdict(got, in) == Reason::none);
+    }
+    if (const auto* joint = std::get_if<JointLoad>(&got)) CHECK(claimed_tokens(got) == joint->boundary);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. A brute-force reference planner, written from DESIGN section 10 without looking at the
+// planner's arithmetic: it enumerates every candidate end / boundary on the grids, checks
+// each chunk the KV leg would read against the tier one by one, and picks by the rules.
+
+namespace {
+
+LoadPlan reference_plan(const PlanInput& in) {
+  const std::uint64_t block = in.grids.block_tokens, chunk = in.grids.chunk_tokens;
+  if (block == 0 || chunk == 0 || chunk % block != 0) return NoLoad{NoLoadReason::bad_grids};
+  const bool dense = in.layout == StateLayout::none;
+  const bool dsv4 = in.layout == StateLayout::dsv4_slot;
+  if (!dense && !dsv4 && in.layout != StateLayout::k3_recurrent) return NoLoad{NoLoadReason::unknown_layout};
+  const TokenCount P = in.prompt_tokens, hbm = in.hbm, lookup = in.lookup_tokens;
+  if (P == 0) return NoLoad{NoLoadReason::empty_prompt};
+  if (hbm % block != 0) return NoLoad{NoLoadReason::hbm_off_block_grid};
+  if (lookup % chunk != 0) return NoLoad{NoLoadReason::lookup_off_chunk_grid};
+  if (lookup > P) return NoLoad{NoLoadReason::lookup_beyond_prompt};
+
+  // Chunk c holds tokens [c * chunk, (c + 1) * chunk); the tier holds the leading run.
+  auto tier_holds = [&](std::uint64_t c) { return (c + 1) * chunk <= lookup; };
+  // Every chunk overlapping [hbm, end) is in the tier.
+  auto leg_available = [&](TokenCount end) {
+    for (std::uint64_t c = hbm / chunk; c * chunk < end; ++c)
+      if (!tier_holds(c)) return false;
+    return true;
+  };
+  bool tier_above_hbm = false;  // some tier chunk holds a token at or above hbm
+  for (std::uint64_t c = 0; tier_holds(c); ++c)
+    if ((c + 1) * chunk > hbm) tier_above_hbm = true;
+
+  // Every feasible plan, then the one that claims the most.
+  std::vector<LoadPlan> feasible;
+  bool boundary_above = false;
+  if (dense) {
+    for (TokenCount end = chunk; end <= P; end += chunk)
+      if (end > hbm && end < P && leg_available(end)) feasible.emplace_back(KvOnlyLoad{hbm, end});
+    if (feasible.empty())
+      return NoLoad{tier_above_hbm ? NoLoadReason::chunk_holds_last_token : NoLoadReason::lookup_within_hbm};
+  } else {
+    std::vector<bool> servable(P + 1, false);
+    for (const TokenCount b : in.servable_boundaries)
+      if (b <= P) servable[b] = true;
+    for (TokenCount b = block; b < P; b += block) {
+      if (!servable[b]) continue;
+      if (b <= hbm) {
+        feasible.emplace_back(StateOnlyLoad{b});
+        continue;
+      }
+      boundary_above = true;
+      TokenCount end = 0;
+      while (end < b) end += chunk;  // the chunk covering b
+      if (dsv4 && hbm != 0) continue;
+      if (leg_available(end)) feasible.emplace_back(JointLoad{hbm, end, b});
+    }
+    if (feasible.empty()) {
+      if (!boundary_above) return NoLoad{NoLoadReason::nothing_servable_above_hbm};
+      if (dsv4 && hbm != 0) return NoLoad{NoLoadReason::dsv4_nonzero_hbm};
+      if (!tier_above_hbm) return NoLoad{NoLoadReason::lookup_within_hbm};
+      return NoLoad{NoLoadReason::covering_chunk_beyond_lookup};
+    }
+  }
+  // What each plan lets the request skip: the KV end, or the boundary (never a joint end).
+  auto claim = [](const LoadPlan& p) -> TokenCount {
+    if (const auto* kv = std::get_if<KvOnlyLoad>(&p)) return kv->end;
+    if (const auto* joint = std::get_if<JointLoad>(&p)) return joint->boundary;
+    return std::get<StateOnlyLoad>(p).boundary;
+  };
+  const LoadPlan* best = &feasible.front();
+  for (const LoadPlan& p : feasible)
+    if (claim(p) > claim(*best)) best = &p;
+  const TokenCount spared = claim(*best) - (dense ? hbm : 0);
+  if (spared < in.min_load_tokens) return NoLoad{NoLoadReason::load_too_small};
+  return *best;
+}
+
+/// A random input: grids among a few valid pairs (rarely invalid), each layout, P, hbm on
+/// the block grid (rarely off it), lookup on the chunk grid (rarely off it or beyond P), a
+/// random servable set of some density, sometimes shuffled, sometimes with junk entries.
+Case random_case(std::mt19937_64& rng) {
+  auto pick = [&](std::uint64_t n) { return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng); };
+  auto chance = [&](double p) { return std::bernoulli_distribution(p)(rng); };
+  static constexpr std::array<PlanGrids, 7> valid{PlanGrids{16, 256}, PlanGrids{16, 64}, PlanGrids{8, 32},
+                                                  PlanGrids{4, 16},   PlanGrids{16, 16}, PlanGrids{32, 96},
+                                                  PlanGrids{4, 4}};
+  static constexpr std::array<PlanGrids, 3> invalid{PlanGrids{0, 256}, PlanGrids{16, 0}, PlanGrids{16, 40}};
+  Case c;
+  c.grids = chance(0.003) ? invalid[pick(invalid.size())] : valid[pick(valid.size())];
+  c.layout = chance(0.002) ? static_cast<StateLayout>(3 + pick(5)) : all_layouts[pick(all_layouts.size())];
+  const std::uint64_t block = std::max<std::uint32_t>(c.grids.block_tokens, 1);
+  const std::uint64_t chunk = std::max<std::uint32_t>(c.grids.chunk_tokens, 1);
+
+  c.prompt = 1 + pick(8 * chunk);
+  if (chance(0.3)) c.prompt = std::max(block, c.prompt - c.prompt % block);  // last token at a boundary
+  if (chance(0.003)) c.prompt = 0;
+
+  if (!chance(0.4)) c.hbm = pick(c.prompt / block + 2) * block;
+  if (chance(0.005)) c.hbm += 1 + pick(block);
+
+  const std::uint64_t whole_chunks = c.prompt / chunk;
+  c.lookup = chance(0.4) ? whole_chunks * chunk : pick(whole_chunks + 1) * chunk;
+  if (chance(0.005)) c.lookup += 1 + pick(chunk);
+  if (chance(0.005)) c.lookup = (whole_chunks + 1) * chunk;
+
+  static constexpr std::array<double, 6> densities{0.0, 0.02, 0.1, 0.3, 0.7, 1.0};
+  const double density = densities[pick(densities.size())];
+  for (std::uint64_t b = 0; b <= c.prompt + chunk; b += block)
+    if (chance(density)) c.servable.push_back(b);
+  if (chance(0.02)) c.servable.push_back(1 + pick(c.prompt + 1));  // maybe off the grid
+  if (chance(0.3)) std::shuffle(c.servable.begin(), c.servable.end(), rng);
+  else std::sort(c.servable.begin(), c.servable.end());
+
+  if (chance(0.4)) c.min_load = pick(c.prompt + 1);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("planner agrees with a brute-force reference on 100000 random inputs") {
+  constexpr std::uint64_t seed = 0x6b7666757365ULL;  // "kvfuse"
+  constexpr int inputs = 100000;
+  std::mt19937_64 rng(seed);
+  std::array<int, 4> kinds{};  // no_load, kv_only, joint, state_only
+  std::array<int, static_cast<std::size_t>(last_no_load_reason) + 1> reasons{};
+  std::array<std::array<int, 4>, 3> kinds_by_layout{};
+  int mismatches = 0, rank_refusals = 0, broken_promises = 0;
+  for (int i = 0; i < inputs; ++i) {
+    const Case c = random_case(rng);
+    const PlanInput in = c.input();
+    const LoadPlan got = plan_load(in);
+    const LoadPlan want = reference_plan(in);
+    if (got != want && ++mismatches <= 10) {
+      INFO("input #", i, ": ", describe(in));
+      CHECK(got == want);
+    }
+    ++kinds[got.index()];
+    if (static_cast<unsigned>(c.layout) < 3) ++kinds_by_layout[static_cast<unsigned>(c.layout)][got.index()];
+    if (const auto* no = std::get_if<NoLoad>(&got)) {
+      ++reasons[static_cast<std::size_t>(no->reason)];
+      continue;
+    }
+    // Promises checked directly, whatever the reference says.
+    const bool dense = c.layout == StateLayout::none;
+    bool kept = claimed_tokens(got) >= 1 && claimed_tokens(got) <= c.prompt - 1;
+    if (const auto* kv = std::get_if<KvOnlyLoad>(&got))
+      kept = kept && dense && kv->hbm == c.hbm && kv->end <= c.lookup;
+    if (const auto* joint = std::get_if<JointLoad>(&got))
+      kept = kept && !dense && joint->hbm == c.hbm && joint->boundary > c.hbm && joint->end <= c.lookup &&
+             std::find(c.servable.begin(), c.servable.end(), joint->boundary) != c.servable.end();
+    if (const auto* state = std::get_if<StateOnlyLoad>(&got))
+      kept = kept && !dense && state->boundary <= c.hbm &&
+             std::find(c.servable.begin(), c.servable.end(), state->boundary) != c.servable.end();
+    if (!kept && ++broken_promises <= 10) {
+      INFO("input #", i, ": ", describe(in), " -> ", describe(got));
+      CHECK(kept);
+    }
+    if (rank_verdict(got, in) != Reason::none && ++rank_refusals <= 10) {
+      INFO("input #", i, ": ", describe(in), " -> ", describe(got));
+      CHECK(rank_verdict(got, in) == Reason::none);
+    }
+  }
+  CHECK(mismatches == 0);
+  CHECK(broken_promises == 0);
+  CHECK(rank_refusals == 0);
+
+  std::string report = "seed " + std::to_string(seed) + ": no_load " + std::to_string(kinds[0]) + ", kv_only " +
+                       std::to_string(kinds[1]) + ", joint " + std::to_string(kinds[2]) + ", state_only " +
+                       std::to_string(kinds[3]) + "\n";
+  for (std::size_t l = 0; l < all_layouts.size(); ++l)
+    report += "  " + std::string(to_string(all_layouts[l])) + ": no_load " + std::to_string(kinds_by_layout[l][0]) +
+              " kv_only " + std::to_string(kinds_by_layout[l][1]) + " joint " + std::to_string(kinds_by_layout[l][2]) +
+              " state_only " + std::to_string(kinds_by_layout[l][3]) + "\n";
+  for (std::size_t r = 0; r < reasons.size(); ++r)
+    report += "  " + std::string(to_string(static_cast<NoLoadReason>(r))) + " " + std::to_string(reasons[r]) + "\n";
+  MESSAGE(report);
+  for (const int n : kinds) CHECK(n > 0);
+  for (std::size_t r = 0; r < reasons.size(); ++r) {
+    INFO(to_string(static_cast<NoLoadReason>(r)));
+    CHECK(reasons[r] > 0);
+  }
+  CHECK(kinds_by_layout[0][1] > 0);  // dense kv_only
+  for (const std::size_t l : {1u, 2u}) {
+    CHECK(kinds_by_layout[l][1] == 0);  // a stateful model never gets a KV-only load
+    CHECK(kinds_by_layout[l][2] > 0);
+    CHECK(kinds_by_layout[l][3] > 0);
+  }
+  CHECK(kinds_by_layout[0][2] == 0);
+  CHECK(kinds_by_layout[0][3] == 0);
+}
