@@ -1,4 +1,4 @@
-// The Planner (DESIGN section 10): one test per NoLoadReason, a table of the edges the seed
+// The Planner (docs/reference.md#planner): one test per NoLoadReason, a table of the edges the seed
 // got wrong, and a property test against a brute-force planner written independently here.
 // Every plan the property test sees is also handed to the ranks' own checks
 // (check_kv_spec, check_state_spec, the DSV4 floor rule), so "ranks accept it" is tested
@@ -412,7 +412,7 @@ TEST_CASE("planner table of grid and boundary edges for dense and DSV4 and K3") 
 }
 
 // ---------------------------------------------------------------------------------------
-// 3. A brute-force reference planner, written from DESIGN section 10 without looking at the
+// 3. A brute-force reference planner, written from the planner contract without looking at the
 // planner's arithmetic: it enumerates every candidate end / boundary on the grids, checks
 // each chunk the KV leg would read against the tier one by one, and picks by the rules.
 

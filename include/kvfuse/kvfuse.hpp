@@ -19,6 +19,7 @@
 #include <kvfuse/engine/capability.hpp>
 #include <kvfuse/engine/connector_names.hpp>
 #include <kvfuse/engine/planner.hpp>
+#include <kvfuse/engine/coordinator.hpp>
 #include <kvfuse/engine/index_options.hpp>
 #include <kvfuse/engine/tickets.hpp>
 #include <kvfuse/engine/offload_index.hpp>

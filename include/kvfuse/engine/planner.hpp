@@ -1,4 +1,4 @@
-// kvfuse/engine/planner.hpp — the Planner (DESIGN section 10): what, if anything, to load
+// kvfuse/engine/planner.hpp — the Planner (docs/reference.md#planner): what, if anything, to load
 // for a request when the engine admits it.
 //
 // plan_load() is a pure function of one PlanInput: no state, no allocation, no I/O,
@@ -7,7 +7,7 @@
 // it on its scheduler thread, turns the answer into an OffloadIndex ticket, and builds the
 // KvSpec / StateSpec from it with chunk_range() / block_range() / state_boundary().
 //
-// The grids (DESIGN section 1):
+// The grids:
 //   - block grid = checkpoint grid: `block_tokens` (paged KV blocks; a state checkpoint,
 //     and so a boundary B, exists only at a multiple of it);
 //   - chunk grid: `chunk_tokens`, a nonzero multiple of `block_tokens` (the tier stores and
@@ -61,7 +61,7 @@
 //      spares the most, so when it is too small every other one is too.
 //
 // An HBM floor off the chunk grid (but on the block grid) is a normal, loadable case, not a
-// refusal. DESIGN section 10 lists "HBM floor off the chunk grid" as a no-load reason, but
+// refusal. An earlier design listed "HBM floor off the chunk grid" as a no-load reason, but
 // ranks load from any block-aligned floor: PagedKv copies only the part of the first chunk
 // above hbm (check_kv_spec requires hbm on the block grid and end on the chunk grid). So
 // the KV spec starts at hbm, its chunk keys start at the chunk containing hbm
@@ -264,21 +264,20 @@ struct IndexRange {
   friend constexpr bool operator==(IndexRange, IndexRange) noexcept = default;
 };
 
-namespace detail {
-/// [hbm, end) of the plan's KV leg, if it has one.
+/// The token range [hbm, end) of the plan's KV leg (KvSpec::hbm and ::end), if it has one;
+/// empty for a state-only load (R10: no KV spec at all) or no load. Constexpr, noexcept.
 constexpr std::optional<IndexRange> kv_tokens(const LoadPlan& plan) noexcept {
   if (const auto* kv = std::get_if<KvOnlyLoad>(&plan)) return IndexRange{kv->hbm, kv->end};
   if (const auto* joint = std::get_if<JointLoad>(&plan)) return IndexRange{joint->hbm, joint->end};
   return std::nullopt;
 }
-}  // namespace detail
 
 /// The prompt's chunk indices the KV spec needs: [floor(hbm / chunk), end / chunk), i.e. the
 /// chunks overlapping [hbm, end), first the one containing hbm. KvSpec::chunk_keys is the
 /// engine's per-chunk key vector sliced to this range. Empty for a plan without a KV leg,
 /// or for invalid `grids` (pass the grids the plan was made with). Constexpr, noexcept.
 constexpr IndexRange chunk_range(const LoadPlan& plan, PlanGrids grids) noexcept {
-  const std::optional<IndexRange> tokens = detail::kv_tokens(plan);
+  const std::optional<IndexRange> tokens = kv_tokens(plan);
   if (!tokens || !grids.valid()) return {};
   const TokenGrid chunks = grids.chunk_grid();
   return {chunks.cell_of(tokens->first), chunks.cells_covering(tokens->last)};
@@ -288,7 +287,7 @@ constexpr IndexRange chunk_range(const LoadPlan& plan, PlanGrids grids) noexcept
 /// covering [hbm, end). KvSpec::blocks is the request's block table sliced to this range.
 /// Empty for a plan without a KV leg, or for invalid `grids`. Constexpr, noexcept.
 constexpr IndexRange block_range(const LoadPlan& plan, PlanGrids grids) noexcept {
-  const std::optional<IndexRange> tokens = detail::kv_tokens(plan);
+  const std::optional<IndexRange> tokens = kv_tokens(plan);
   if (!tokens || !grids.valid()) return {};
   const TokenGrid blocks = grids.block_grid();
   return {blocks.cell_of(tokens->first), blocks.cells_covering(tokens->last)};

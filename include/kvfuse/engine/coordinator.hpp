@@ -1,0 +1,555 @@
+// kvfuse/engine/coordinator.hpp — the one object an engine calls per scheduler step: it
+// ties the Planner, the OffloadIndex, the SettlementPump and the saves together
+// (docs/reference.md#coordinator).
+//
+//   admit(request)    plan, take a ticket, dispatch through the engine's transport, park —
+//                     or say "compute now", with the reason
+//   step()            pump records; return who unparks (with the tokens the load claimed,
+//                     0 = recompute) and whose blocks and slot may be freed
+//   teardown(id)      abort or preemption: orphan the in-flight load; the resources go back
+//                     only when its ranks settle it or reclaim ages it out (R8)
+//   finish(request)   submit the KV save (whole chunks up to the chunk-floored frontier) and
+//                     the state checkpoint; blocks are released on every rank's `released`
+//   tick(now)         reclaim aged orphans; report loads in flight past a threshold
+//
+// It owns no fact the index owns. Its own bookkeeping is the parked table (request ->
+// its one live load key), the requests whose resources wait for their ranks, and the
+// saves in flight; stats() audits, in O(1), that every parked request has exactly one live
+// load in flight and every live load exactly one parked request.
+//
+// Threading: not thread-safe. Every member is called from the engine's scheduler thread.
+// The transport is called on that thread; it hands the plain data to the ranks however
+// the engine does (ranks as threads in tests, RPC in production).
+#pragma once
+
+#include <chrono>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/bridge/load_request.hpp>
+#include <kvfuse/bridge/resolution.hpp>
+#include <kvfuse/bridge/save_request.hpp>
+#include <kvfuse/completion/settlement_pump.hpp>
+#include <kvfuse/engine/offload_index.hpp>
+#include <kvfuse/engine/planner.hpp>
+#include <kvfuse/error.hpp>
+
+namespace kvfuse {
+
+/// How the coordinator reaches the ranks: `send(x) -> bool` for a LoadRequest, a KvSave
+/// and a StateSave. True: the data is on its way to every rank (each will report, R1).
+/// False: it was dropped before any rank could see it (the transport is down, or the
+/// connector found at build time that the tier lost the prefix); the coordinator then
+/// resolves it itself in the same step, so nothing waits for records that never come.
+/// Called on the scheduler thread; must not call back into the coordinator.
+template <class T>
+concept CoordinatorTransport = requires(T& t, const LoadRequest& load, const KvSave& kv, const StateSave& state) {
+  { t.send(load) } -> std::convertible_to<bool>;
+  { t.send(kv) } -> std::convertible_to<bool>;
+  { t.send(state) } -> std::convertible_to<bool>;
+};
+
+/// The tier's KV lookup the engine provides: how many leading chunks of `keys` the tier
+/// holds (for example, asked of rank 0's tier, as LMCache asks its first worker; ranks
+/// whose tiers diverge are the quorum's business). Scheduler thread.
+template <class L>
+concept KvLookup = requires(L& lookup, std::span<const PrefixHash> keys) {
+  { lookup(keys) } -> std::convertible_to<std::size_t>;
+};
+
+/// A state checkpoint the engine can name: its boundary B (on the block grid) and the
+/// prefix hash of the tokens before it.
+struct Checkpoint {
+  TokenCount boundary = 0;
+  PrefixHash hash;
+  friend constexpr bool operator==(const Checkpoint&, const Checkpoint&) = default;
+};
+
+/// What the engine tells the coordinator about a request it admits. The spans are read
+/// during the call only.
+struct AdmitRequest {
+  RequestId id;
+  TokenCount prompt_tokens = 0;             ///< P
+  TokenCount hbm = 0;                       ///< tokens already resident (prefix-cache hit), on the block grid
+  std::span<const PrefixHash> chunk_keys;   ///< the prompt's chunk keys, chunk i covering [i*chunk, (i+1)*chunk)
+  std::span<const BlockId> blocks;          ///< the request's block table, block i holding [i*block, (i+1)*block)
+  std::span<const Checkpoint> checkpoints;  ///< candidate state boundaries (stateful models)
+  std::optional<SlotId> slot;               ///< the request's state slot (stateful models)
+};
+
+/// What the engine tells the coordinator when a request finished (or at any point it
+/// wants its progress saved). Spans are read during the call only.
+struct FinishRequest {
+  RequestId id;
+  TokenCount computed_tokens = 0;           ///< the frontier: KV exists for [0, computed_tokens)
+  std::span<const PrefixHash> chunk_keys;   ///< as in AdmitRequest, covering at least the frontier
+  std::span<const BlockId> blocks;          ///< as in AdmitRequest
+  std::optional<Checkpoint> checkpoint;     ///< the state to save (stateful), with its slot below
+  std::optional<SlotId> slot;
+};
+
+/// Why admit() did not park the request: compute it now.
+enum class ComputeReason : std::uint8_t {
+  planned_no_load,   ///< the planner chose no load (see `no_load`)
+  index_refused,     ///< the index refused the ticket (see `refusal`)
+  no_slot,           ///< a stateful plan but the request has no slot
+  bad_request,       ///< the chunk keys or blocks do not cover the plan's range
+  already_parked,    ///< the request already waits on a load
+};
+
+/// Short, stable name of a ComputeReason. Thread-safe, noexcept.
+constexpr std::string_view to_string(ComputeReason r) noexcept {
+  switch (r) {
+    case ComputeReason::planned_no_load: return "planned_no_load";
+    case ComputeReason::index_refused: return "index_refused";
+    case ComputeReason::no_slot: return "no_slot";
+    case ComputeReason::bad_request: return "bad_request";
+    case ComputeReason::already_parked: return "already_parked";
+  }
+  return "unknown_reason";
+}
+
+/// The answer of admit(): parked on a load, or compute now.
+struct AdmitDecision {
+  bool parked = false;
+  LoadPlan plan = NoLoad{};
+  LoadKey key{};                          ///< the load it waits on (parked only)
+  TokenCount claimed_tokens = 0;          ///< what the load gives back if it completes (parked only)
+  ComputeReason reason = ComputeReason::planned_no_load;  ///< why not (compute only)
+  NoLoadReason no_load = NoLoadReason::lookup_within_hbm; ///< planned_no_load only
+  LoadRefusal refusal = LoadRefusal::none;                ///< index_refused only
+};
+
+/// One request the scheduler resumes. `tokens` = what the load restored (the request
+/// continues from there); 0 = recompute from the start (the load failed, was abandoned, or
+/// the state leg was released).
+struct Unpark {
+  RequestId request;
+  TokenCount tokens = 0;
+  Resolution kind = Resolution::completed;
+  bool state_missed = false;
+  friend constexpr bool operator==(const Unpark&, const Unpark&) = default;
+};
+
+/// Construction options of a Coordinator. Checked at construction: a bad value is a
+/// kvfuse::Error naming it.
+struct CoordinatorOptions {
+  StateLayout layout = StateLayout::none;  ///< the model's shape
+  PlanGrids grids;                          ///< must match every rank's geometry
+  TokenCount min_load_tokens = 0;           ///< passed to the planner
+  std::size_t expected_requests = 1024;     ///< sizes the tables so steady state never rehashes
+};
+
+/// Counters and gauges of a Coordinator, read in O(1).
+struct CoordinatorStats {
+  std::uint64_t admitted = 0;          ///< admit() calls
+  std::uint64_t parked = 0;            ///< admissions that parked on a load
+  std::uint64_t computed = 0;          ///< admissions told to compute now
+  std::uint64_t unparked = 0;          ///< Unpark events handed out
+  std::uint64_t unparked_with_tokens = 0;  ///< ... of which resumed from a load
+  std::uint64_t transport_drops = 0;   ///< loads and saves the transport dropped (resolved here)
+  std::uint64_t torn_down = 0;         ///< teardown() of a parked request
+  std::uint64_t released = 0;          ///< release events handed out (blocks and slot free)
+  std::uint64_t saves_submitted = 0;   ///< KV and state saves sent
+  std::uint64_t saves_skipped = 0;     ///< finish() that saved nothing: a load or a save in flight, or nothing new
+  std::uint64_t waiting_now = 0;       ///< parked requests now
+  std::uint64_t holding_now = 0;       ///< requests whose resources wait for their ranks now
+  std::uint64_t overdue = 0;           ///< loads the last tick() found in flight past the threshold
+  std::uint64_t invariant_violations = 0;  ///< stats() audits that failed, plus double unparks
+};
+
+/// The engine loop over an OffloadIndex and a SettlementPump of any CompletionGroup.
+/// Holds references: the index, the pump, the transport and the lookup must outlive it.
+/// Not thread-safe: scheduler thread only. Non-copyable.
+template <CompletionGroup G, CoordinatorTransport T, KvLookup L, class Clock = std::chrono::steady_clock>
+class Coordinator {
+ public:
+  using Index = OffloadIndex<Clock>;
+  using Pump = SettlementPump<G, Index>;
+
+  /// What one step produced. The spans stay valid until the next step() or tick().
+  struct StepResult {
+    std::span<const Unpark> unparked;        ///< resume these (once each)
+    std::span<const RequestId> released;     ///< free these requests' blocks and slot: no rank reads or writes them
+    std::size_t records = 0;                 ///< records the pump drained
+  };
+
+  /// What one tick produced.
+  struct TickResult {
+    std::size_t reclaimed = 0;               ///< orphans reclaimed (their release comes out of the next step)
+    std::span<const OverdueLoad> overdue;    ///< loads in flight at least `overdue_after`; nothing released
+  };
+
+  /// Throws Error(invalid_argument) naming the value when the grids are invalid or the
+  /// layout is unknown.
+  Coordinator(CoordinatorOptions options, Index& index, Pump& pump, T& transport, L& lookup)
+      : options_(validated(options)), index_(index), pump_(pump), transport_(transport), lookup_(lookup) {
+    parked_.reserve(options_.expected_requests);
+    holding_.reserve(options_.expected_requests);
+    saves_.reserve(options_.expected_requests);
+    requests_.reserve(options_.expected_requests);
+  }
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  /// Plans the request's load, takes a ticket, dispatches it through the transport and
+  /// parks the request — or says "compute now" with the reason. Every admitted request
+  /// ends with finish() or teardown(), which releases what the coordinator tracks for it. A request parked here
+  /// always has exactly one live load that will settle: a load the transport dropped is
+  /// failed at once and unparks (recompute) on the next step. Scheduler thread.
+  AdmitDecision admit(const AdmitRequest& req) {
+    ++admitted_;
+    AdmitDecision d;
+    if (parked_.contains(req.id)) return compute(d, ComputeReason::already_parked);
+    const TokenCount lookup_tokens = lookup_tokens_for(req);
+    note_request(req.id, lookup_tokens);
+    servable_.clear();
+    if (options_.layout != StateLayout::none)
+      for (const Checkpoint& c : req.checkpoints)
+        if (index_.could_serve(c.hash)) servable_.push_back(c.boundary);
+    const PlanInput in{req.prompt_tokens, req.hbm, lookup_tokens, servable_, options_.layout, options_.grids,
+                       options_.min_load_tokens};
+    d.plan = plan_load(in);
+    if (const auto* no = std::get_if<NoLoad>(&d.plan)) {
+      d.no_load = no->reason;
+      return compute(d, ComputeReason::planned_no_load);
+    }
+    std::optional<KvSpec> kv;
+    if (const auto tokens = kv_tokens(d.plan)) {
+      const IndexRange chunks = chunk_range(d.plan, options_.grids);
+      const IndexRange blocks = block_range(d.plan, options_.grids);
+      if (chunks.last > req.chunk_keys.size() || blocks.last > req.blocks.size())
+        return compute(d, ComputeReason::bad_request);
+      kv = KvSpec{tokens->first, tokens->last,
+                  {req.chunk_keys.begin() + static_cast<std::ptrdiff_t>(chunks.first),
+                   req.chunk_keys.begin() + static_cast<std::ptrdiff_t>(chunks.last)},
+                  {req.blocks.begin() + static_cast<std::ptrdiff_t>(blocks.first),
+                   req.blocks.begin() + static_cast<std::ptrdiff_t>(blocks.last)}};
+    }
+    std::optional<StateSpec> state;
+    if (const auto boundary = state_boundary(d.plan)) {
+      if (!req.slot) return compute(d, ComputeReason::no_slot);
+      state = StateSpec{*boundary, hash_at(req, *boundary), *req.slot, options_.grids.block_tokens,
+                        options_.grids.chunk_tokens};
+    }
+    LoadAdmission admission = index_.request_load(req.id, std::move(kv), state);
+    if (!admission) {
+      d.refusal = admission.refusal();
+      return compute(d, ComputeReason::index_refused);
+    }
+    const LoadRequest request = admission.ticket().dispatch();
+    d.parked = true;
+    d.key = request.key;
+    d.claimed_tokens = claimed_tokens(d.plan);
+    ++parked_count_;
+    const bool sent = static_cast<bool>(transport_.send(request));
+    parked_.emplace(req.id, Parked{request.key, d.claimed_tokens, !sent});
+    if (sent) {
+      ++parked_in_flight_;
+    } else {
+      // Dropped before any rank saw it: nothing will report. A failed settlement now,
+      // drained by the next step like any other (never parked without a load that settles).
+      ++transport_drops_;
+      (void)index_.fail(request.key, false);
+    }
+    return d;
+  }
+
+  /// One scheduler step: pumps every rank's records into the index, then turns the index's
+  /// resolutions into Unpark events (each parked request exactly once) and release events
+  /// (torn-down requests whose load ended; finished requests whose save source every rank
+  /// released). Scheduler thread.
+  StepResult step(typename Pump::TimePoint now = Pump::TimePoint::clock::now()) {
+    unparked_.clear();
+    released_.clear();
+    const auto pumped = pump_.step(now);
+    for (const LoadResolution& r : pumped.resolutions) on_resolution(r);
+    for (const SaveSettlement& s : pumped.saves) on_save(s);
+    released_.swap(release_ready_);  // everything freed since the last step, this one included
+    unparked_total_ += unparked_.size();
+    released_total_ += released_.size();
+    return StepResult{unparked_, released_, pumped.records};
+  }
+
+  /// The request was aborted or preempted. A parked request's load is orphaned: the index
+  /// keeps its slot, and its blocks and slot come back as a release event only once its
+  /// ranks settled it or reclaim aged it out (R8) — never while a rank may still write
+  /// them. It never unparks. A request that is not parked is released at once (next step)
+  /// unless a save still reads its blocks. Scheduler thread.
+  void teardown(RequestId id) {
+    if (const auto it = parked_.find(id); it != parked_.end()) {
+      const LoadKey key = it->second.key;
+      if (!it->second.dropped) --parked_in_flight_;
+      parked_.erase(it);
+      ++torn_down_;
+      if (index_.orphan(key)) {
+        holding_.emplace(key, id);
+      } else {
+        // Not in flight any more (it resolved inside this step's pump): its resolution is
+        // still queued for the next step, which must not unpark it.
+        torn_down_keys_.push_back(key);
+        release_when_free(id);
+      }
+      return;
+    }
+    release_when_free(id);
+  }
+
+  /// Saves what the request computed: the KV chunks above what the tier already holds up to
+  /// the chunk-floored frontier, and the state checkpoint (stateful models). One save in
+  /// flight per request; skipped while a load for it is in flight. The request's blocks
+  /// (and slot) are released once every rank released the save's source — usually long
+  /// before the save lands. Returns how many saves were sent (0, 1 or 2). Scheduler thread.
+  std::size_t finish(const FinishRequest& f) {
+    RequestState& rs = requests_[f.id];
+    rs.finished = true;
+    if (parked_.contains(f.id) || rs.saves_in_flight > 0) {
+      ++saves_skipped_;
+      if (!parked_.contains(f.id) && rs.saves_in_flight == 0) release_when_free(f.id);
+      return 0;
+    }
+    std::size_t sent = 0;
+    const TokenCount frontier = options_.grids.chunk_grid().floor(f.computed_tokens);
+    const std::uint64_t from = options_.grids.chunk_grid().cell_of(rs.watermark);
+    const std::uint64_t to = options_.grids.chunk_grid().cell_of(frontier);
+    const std::uint64_t blocks_per_chunk = options_.grids.chunk_tokens / options_.grids.block_tokens;
+    if (to > from && to <= f.chunk_keys.size() && to * blocks_per_chunk <= f.blocks.size()) {
+      KvSave save{SaveKey{f.chunk_keys[to - 1], {}},
+                  {f.chunk_keys.begin() + static_cast<std::ptrdiff_t>(from), f.chunk_keys.begin() + static_cast<std::ptrdiff_t>(to)},
+                  {f.blocks.begin() + static_cast<std::ptrdiff_t>(from * blocks_per_chunk),
+                   f.blocks.begin() + static_cast<std::ptrdiff_t>(to * blocks_per_chunk)}};
+      if (submit(f.id, std::move(save))) {
+        ++sent;
+        rs.watermark = frontier;
+      }
+    }
+    if (options_.layout != StateLayout::none && f.checkpoint && f.slot)
+      sent += submit(f.id, StateSave{SaveKey{f.checkpoint->hash, {}}, *f.slot, f.checkpoint->boundary}) ? 1 : 0;
+    if (sent == 0) ++saves_skipped_;
+    release_when_free(f.id);  // now, or once every rank released the saves' source
+    return sent;
+  }
+
+  /// Reclaims orphans older than `reclaim_after` (their release comes out of the next step)
+  /// and lists the loads in flight at least `overdue_after` (none is released on a timer:
+  /// a lost LoadRequest becomes visible here). Scheduler thread.
+  TickResult tick(typename Clock::time_point now, typename Clock::duration reclaim_after,
+                  typename Clock::duration overdue_after) {
+    TickResult t;
+    t.reclaimed = index_.reclaim(now, reclaim_after);
+    overdue_list_.clear();
+    overdue_ = index_.report_overdue(now, overdue_after, [this](const OverdueLoad& o) {
+      try {
+        overdue_list_.push_back(o);
+      } catch (...) {
+      }
+    });
+    t.overdue = overdue_list_;
+    return t;
+  }
+
+  /// Counters, plus the audit on every read (O(1)): every parked request has exactly one
+  /// live load in flight and every live load in flight exactly one parked request. A
+  /// failed audit counts in invariant_violations. Scheduler thread.
+  [[nodiscard]] CoordinatorStats stats() const noexcept {
+    const IndexStats is = index_.stats();
+    // One to one, counted: each parked request whose load reached the ranks is a live load
+    // in flight, and each live load in flight is one of them (a dropped load is already
+    // resolved in the index and waits only for the next step to unpark its request).
+    const std::uint64_t live_in_flight = is.in_flight - is.orphaned;
+    if (parked_in_flight_ != live_in_flight || parked_in_flight_ > parked_.size() || is.outstanding != is.in_flight)
+      ++violations_;
+    CoordinatorStats s;
+    s.admitted = admitted_;
+    s.parked = parked_count_;
+    s.computed = computed_;
+    s.unparked = unparked_total_;
+    s.unparked_with_tokens = unparked_with_tokens_;
+    s.transport_drops = transport_drops_;
+    s.torn_down = torn_down_;
+    s.released = released_total_;
+    s.saves_submitted = saves_submitted_;
+    s.saves_skipped = saves_skipped_;
+    s.waiting_now = parked_.size();
+    s.holding_now = holding_.size();
+    s.overdue = overdue_;
+    s.invariant_violations = violations_;
+    return s;
+  }
+
+  /// Whether `id` is parked on a load. Scheduler thread; O(1).
+  [[nodiscard]] bool is_parked(RequestId id) const noexcept { return parked_.contains(id); }
+
+  [[nodiscard]] const CoordinatorOptions& options() const noexcept { return options_; }
+
+ private:
+  struct Parked {
+    LoadKey key;
+    TokenCount claims = 0;
+    bool dropped = false;  // the transport dropped it; the index already failed it
+  };
+  struct RequestState {
+    TokenCount watermark = 0;        // KV below it is known to be in the tier (chunk grid)
+    std::uint32_t saves_in_flight = 0;
+    bool finished = false;
+    bool released_pending = false;   // release once the saves' sources are free
+  };
+  struct SaveOwner {
+    RequestId request;
+    bool released = false;  // its `released` phase settled
+  };
+
+  static CoordinatorOptions validated(const CoordinatorOptions& o) {
+    if (!o.grids.valid())
+      throw Error(ErrorCode::invalid_argument,
+                  "Coordinator grids must be nonzero with chunk_tokens a multiple of block_tokens, got block_tokens " +
+                      std::to_string(o.grids.block_tokens) + ", chunk_tokens " + std::to_string(o.grids.chunk_tokens));
+    if (o.layout != StateLayout::none && o.layout != StateLayout::dsv4_slot && o.layout != StateLayout::k3_recurrent)
+      throw Error(ErrorCode::invalid_argument,
+                  "Coordinator layout is unknown: " + std::to_string(static_cast<int>(o.layout)));
+    return o;
+  }
+
+  AdmitDecision& compute(AdmitDecision& d, ComputeReason why) noexcept {
+    ++computed_;
+    d.parked = false;
+    d.reason = why;
+    return d;
+  }
+
+  TokenCount lookup_tokens_for(const AdmitRequest& req) {
+    const std::size_t prompt_chunks = options_.grids.chunk_grid().cells_covering(req.prompt_tokens);
+    const std::size_t n = std::min(req.chunk_keys.size(), prompt_chunks);
+    const std::size_t held = std::min<std::size_t>(static_cast<std::size_t>(lookup_(req.chunk_keys.first(n))), n);
+    // The tier holds whole chunks; a partial last chunk of the prompt is never in it.
+    const TokenCount tokens = std::min<TokenCount>(held * options_.grids.chunk_tokens,
+                                                   options_.grids.chunk_grid().floor(req.prompt_tokens));
+    return tokens;
+  }
+
+  static PrefixHash hash_at(const AdmitRequest& req, TokenCount boundary) noexcept {
+    for (const Checkpoint& c : req.checkpoints)
+      if (c.boundary == boundary) return c.hash;
+    return PrefixHash{};
+  }
+
+  void note_request(RequestId id, TokenCount lookup_tokens) {
+    RequestState& rs = requests_[id];
+    rs.watermark = std::max(rs.watermark, lookup_tokens);
+  }
+
+  void on_resolution(const LoadResolution& r) {
+    if (r.orphaned) {
+      // A torn-down request's load ended: now no rank writes its blocks or slot.
+      if (const auto it = holding_.find(r.key); it != holding_.end()) {
+        release_when_free(it->second);
+        holding_.erase(it);
+      }
+      return;
+    }
+    const auto it = parked_.find(r.key.request);
+    if (it == parked_.end() || it->second.key != r.key) {
+      if (!erase_torn_down(r.key)) ++violations_;  // a load nobody waits on, or a second unpark
+      return;
+    }
+    const TokenCount tokens = r.kind == Resolution::completed ? it->second.claims : 0;
+    if (!it->second.dropped) --parked_in_flight_;
+    parked_.erase(it);
+    if (r.kind != Resolution::completed) {
+      // The tier did not deliver: do not trust what it was thought to hold.
+      requests_[r.key.request].watermark = 0;
+    }
+    if (tokens > 0) ++unparked_with_tokens_;
+    unparked_.push_back(Unpark{r.key.request, tokens, r.kind, r.state_missed});
+  }
+
+  bool erase_torn_down(const LoadKey& key) {
+    for (std::size_t i = 0; i < torn_down_keys_.size(); ++i)
+      if (torn_down_keys_[i] == key) {
+        torn_down_keys_[i] = torn_down_keys_.back();
+        torn_down_keys_.pop_back();
+        return true;
+      }
+    return false;
+  }
+
+  void on_save(const SaveSettlement& s) {
+    const auto it = saves_.find(s.key);
+    if (it == saves_.end()) return;
+    const RequestId id = it->second.request;
+    const bool source_free_now = s.phase == SavePhase::released || !it->second.released;
+    if (s.phase == SavePhase::released) it->second.released = true;
+    else saves_.erase(it);
+    const auto rs = requests_.find(id);
+    if (rs == requests_.end()) return;
+    if (s.phase == SavePhase::stored && !s.ok) rs->second.watermark = 0;  // the tier may lack these chunks
+    // Blocks and slot go back on the released phase (early release), never later than stored.
+    if (source_free_now && --rs->second.saves_in_flight == 0 && rs->second.released_pending) release_now(id, rs->second);
+  }
+
+  template <class Save>
+  bool submit(RequestId id, Save save) {
+    auto admission = index_.request_save(std::move(save));
+    if (!admission) return false;
+    Save dispatched = admission.ticket().dispatch();
+    RequestState& rs = requests_[id];
+    if (!static_cast<bool>(transport_.send(dispatched))) {
+      ++transport_drops_;
+      // No rank saw it: its source was never read, and nothing is stored.
+      (void)index_.settle_save(SaveSettlement{dispatched.key, SavePhase::released, true});
+      (void)index_.settle_save(SaveSettlement{dispatched.key, SavePhase::stored, false});
+      return false;
+    }
+    ++saves_submitted_;
+    ++rs.saves_in_flight;
+    saves_.emplace(dispatched.key, SaveOwner{id, false});
+    return true;
+  }
+
+  // Releases the request's resources now (next step), or once its saves' sources are free.
+  void release_when_free(RequestId id) {
+    RequestState& rs = requests_[id];
+    if (rs.saves_in_flight > 0) {
+      rs.released_pending = true;
+      return;
+    }
+    release_now(id, rs);
+  }
+
+  void release_now(RequestId id, RequestState& rs) {
+    rs.released_pending = false;
+    release_ready_.push_back(id);
+    if (rs.finished || !parked_.contains(id)) requests_.erase(id);
+  }
+
+  CoordinatorOptions options_;
+  Index& index_;
+  Pump& pump_;
+  T& transport_;
+  L& lookup_;
+  std::unordered_map<RequestId, Parked> parked_;
+  std::unordered_map<LoadKey, RequestId> holding_;  // orphaned load -> torn-down request
+  std::unordered_map<SaveKey, SaveOwner> saves_;
+  std::unordered_map<RequestId, RequestState> requests_;
+  std::vector<TokenCount> servable_;
+  std::vector<Unpark> unparked_;
+  std::vector<RequestId> released_;
+  std::vector<RequestId> release_ready_;  // released since the last step; handed out by the next
+  std::vector<LoadKey> torn_down_keys_;
+  std::vector<OverdueLoad> overdue_list_;
+  std::uint64_t parked_in_flight_ = 0;
+  std::uint64_t admitted_ = 0, parked_count_ = 0, computed_ = 0, unparked_total_ = 0, unparked_with_tokens_ = 0;
+  std::uint64_t transport_drops_ = 0, torn_down_ = 0, released_total_ = 0, saves_submitted_ = 0, saves_skipped_ = 0;
+  std::uint64_t overdue_ = 0;
+  mutable std::uint64_t violations_ = 0;
+};
+
+}  // namespace kvfuse

@@ -1,0 +1,337 @@
+// The engine loop end to end: a Coordinator over the OffloadIndex, a TpQuorum pump and 4
+// ranks as threads (each connector on its own lanes), for every preset. Every byte a load
+// writes is checked; every release is checked against what the ranks could still touch.
+#include "connector_harness.hpp"
+#include "test_support.hpp"
+
+#include <kvfuse/testing/index_consistency.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+using namespace kvfuse;
+using namespace kvfuse::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::uint32_t kWorld = 4;
+using Mem = MemoryTier<>;
+
+template <class Conn>
+constexpr StateLayout layout_of() {
+  if constexpr (!Conn::has_state) return StateLayout::none;
+  else if constexpr (Conn::ordering == StateOrdering::after_kv) return StateLayout::dsv4_slot;
+  else return StateLayout::k3_recurrent;
+}
+
+/// One rank: pools, its tier, its connector.
+template <class Conn>
+struct Rank {
+  DevicePools<HostRuntime> pools;
+  Mem tier{std::size_t{1} << 20};
+  Conn conn;
+  Rank(HostRuntime& rt, std::uint32_t r, TpQuorum& group)
+      : pools(rt, small_geometry(r, kWorld)), conn(make(rt, group)) {}
+  Conn make(HostRuntime& rt, TpQuorum& group) {
+    if constexpr (Conn::has_state)
+      return Conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), typename Conn::state_leg_type(tier), group);
+    else
+      return Conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group);
+  }
+};
+
+/// The engine's transport: a copy of each load and save to every rank it reaches.
+template <class Conn>
+struct Transport {
+  explicit Transport(std::vector<std::unique_ptr<Rank<Conn>>>* r) : ranks(r) {}
+  std::vector<std::unique_ptr<Rank<Conn>>>* ranks = nullptr;
+  bool drop_next = false;          // the connector found the prefix gone at build time
+  bool lose_next = false;          // sent, but no rank ever receives it
+  std::uint32_t skip_rank = kWorld;  // a rank that never receives (dead, or late)
+  std::optional<LoadRequest> last;  // the last load sent
+  bool send(const LoadRequest& r) {
+    if (std::exchange(drop_next, false)) return false;
+    last = r;
+    if (std::exchange(lose_next, false)) return true;
+    for (std::uint32_t i = 0; i < ranks->size(); ++i)
+      if (i != skip_rank) (*ranks)[i]->conn.load(r);
+    return true;
+  }
+  bool send(const KvSave& s) {
+    for (auto& rank : *ranks) rank->conn.save_kv(s);
+    return true;
+  }
+  bool send(const StateSave& s) {
+    if constexpr (Conn::has_state)
+      for (auto& rank : *ranks) rank->conn.save_state(s);
+    return true;
+  }
+};
+
+/// The engine's lookup: rank 0's tier, as LMCache asks its first worker.
+template <class Conn>
+struct Lookup {
+  std::vector<std::unique_ptr<Rank<Conn>>>* ranks = nullptr;
+  std::size_t operator()(std::span<const PrefixHash> keys) const {
+    const RankGeometry& g = (*ranks)[0]->pools.geo;
+    std::size_t n = 0;
+    while (n < keys.size() && (*ranks)[0]->tier.contains(TierKey{g.model, keys[n], g.world_size, 0, EntryKind::kv_chunk})) ++n;
+    return n;
+  }
+};
+
+/// The whole engine: index, quorum, pump, ranks, coordinator.
+template <class Conn>
+struct Engine {
+  HostRuntime rt;
+  std::vector<SlotId> index_released;
+  TpQuorum group{TpQuorumOptions{kWorld, 3, 1024}};
+  OffloadIndex<> index{OffloadIndexOptions{.hash_capacity = 1024, .slot_count = 4}, [this](SlotId s) { index_released.push_back(s); }};
+  SettlementPump<TpQuorum, OffloadIndex<>> pump{group, index};
+  std::vector<std::unique_ptr<Rank<Conn>>> ranks;
+  Transport<Conn> transport{&ranks};
+  Lookup<Conn> lookup{&ranks};
+  Coordinator<TpQuorum, Transport<Conn>, Lookup<Conn>> coord{
+      CoordinatorOptions{layout_of<Conn>(), PlanGrids{16, 64}, 0, 64}, index, pump, transport, lookup};
+  std::vector<Unpark> unparked;
+  std::vector<RequestId> released;
+
+  Engine() {
+    for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, group));
+  }
+  ~Engine() {
+    for (auto& rank : ranks) rank->conn.drain();
+  }
+  /// Steps until `pred()` (10 s bound), collecting every event.
+  template <class Pred>
+  bool step_until(Pred pred) {
+    return eventually([&] {
+      const auto s = coord.step();
+      unparked.insert(unparked.end(), s.unparked.begin(), s.unparked.end());
+      released.insert(released.end(), s.released.begin(), s.released.end());
+      return pred();
+    });
+  }
+  bool was_released(RequestId id) const { return std::find(released.begin(), released.end(), id) != released.end(); }
+  std::size_t unparks_of(RequestId id) const {
+    return static_cast<std::size_t>(std::count_if(unparked.begin(), unparked.end(), [&](const Unpark& u) { return u.request == id; }));
+  }
+};
+
+/// A prompt of `chunks` chunks (64 tokens each) and its checkpoints on the 16-token grid.
+struct Prompt {
+  TokenCount tokens;
+  std::vector<PrefixHash> keys;
+  std::vector<Checkpoint> checkpoints;
+  Prompt(std::uint64_t id, std::size_t chunks, TokenCount extra = 16) : tokens(chunks * 64 + extra), keys(chunk_keys(id, chunks + 1)) {
+    for (TokenCount b = 16; b < tokens; b += 16) checkpoints.push_back(Checkpoint{b, PrefixHash{id * 1000 + b}});
+  }
+  PrefixHash hash_at(TokenCount b) const { return PrefixHash{checkpoints.front().hash.value - 16 + b}; }
+};
+
+/// The forward of `p` on every rank: KV into `blocks`, the state at `boundary` into `slot`.
+template <class Conn>
+void forward(Engine<Conn>& e, const Prompt& p, const std::vector<BlockId>& blocks, SlotId slot, TokenCount boundary) {
+  for (auto& rank : e.ranks) {
+    rank->pools.write_prompt(blocks, p.tokens);
+    if constexpr (Conn::has_state) rank->pools.write_state(slot, p.hash_at(boundary));
+  }
+}
+
+template <class Conn>
+void run_scripted() {
+  Engine<Conn> e;
+  const Prompt p(7, 3);  // 3 whole chunks + 16 tokens: P = 208
+  const TokenCount boundary = 3 * 64 - 16;  // 176: on the block grid, inside chunk 2
+  const std::vector<BlockId> first_blocks = block_range(0, 13);
+
+  // Turn 1: nothing in the tier: compute, then finish (saves KV and the checkpoint).
+  AdmitDecision d = e.coord.admit(AdmitRequest{RequestId{1}, p.tokens, 0, p.keys, first_blocks, p.checkpoints, SlotId{0}});
+  CHECK_FALSE(d.parked);
+  CHECK(d.reason == ComputeReason::planned_no_load);
+  forward(e, p, first_blocks, SlotId{0}, boundary);
+  const std::size_t sent = e.coord.finish(FinishRequest{RequestId{1}, p.tokens, p.keys, first_blocks,
+                                                         Checkpoint{boundary, p.hash_at(boundary)}, SlotId{0}});
+  CHECK(sent == (Conn::has_state ? 2u : 1u));
+  // Early release: the blocks come back once every rank released the source.
+  REQUIRE(e.step_until([&] { return e.was_released(RequestId{1}); }));
+  REQUIRE(e.step_until([&] { return e.index.stats().saves_outstanding == 0; }));
+  CHECK(e.index.stats().saves_stored == sent);
+  if constexpr (Conn::has_state) CHECK(e.index.could_serve(p.hash_at(boundary)));
+
+  // Evicted from HBM; the same prompt comes back as request 2 into other blocks and slot 2.
+  for (auto& rank : e.ranks) std::memset(rank->pools.blocks, 0, rank->pools.geo.num_blocks * rank->pools.geo.block_bytes());
+  const std::vector<BlockId> second_blocks = block_range(20, 13);
+  d = e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, second_blocks, p.checkpoints, SlotId{2}});
+  REQUIRE(d.parked);
+  const TokenCount expected = Conn::has_state ? boundary : 3 * 64;  // joint claims B; dense claims whole chunks
+  CHECK(d.claimed_tokens == expected);
+  if constexpr (Conn::has_state) CHECK(std::holds_alternative<JointLoad>(d.plan));
+  else CHECK(std::holds_alternative<KvOnlyLoad>(d.plan));
+  CHECK(e.coord.stats().invariant_violations == 0);
+  REQUIRE(e.step_until([&] { return e.unparks_of(RequestId{2}) == 1; }));
+  const Unpark u = e.unparked.back();
+  CHECK(u.tokens == expected);
+  CHECK(u.kind == Resolution::completed);
+  for (auto& rank : e.ranks) {
+    CHECK(rank->pools.holds_prompt(second_blocks, 0, expected));
+    if constexpr (Conn::has_state) CHECK(rank->pools.holds_state(SlotId{2}, p.hash_at(boundary)));
+  }
+
+  // Finish request 2: everything it could save is in the tier already (watermark), so
+  // only the checkpoint is saved again (stateful), and the blocks come back.
+  e.coord.finish(FinishRequest{RequestId{2}, p.tokens, p.keys, second_blocks, Checkpoint{boundary, p.hash_at(boundary)}, SlotId{2}});
+  REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}) && e.index.stats().saves_outstanding == 0; }));
+  const CoordinatorStats s = e.coord.stats();
+  CHECK(s.invariant_violations == 0);
+  CHECK(s.waiting_now == 0);
+  CHECK(s.holding_now == 0);
+  CHECK(s.unparked == 1);
+  CHECK(e.unparks_of(RequestId{2}) == 1);
+  CHECK(e.index_released.empty());  // no orphan, no slot held by the index
+  CHECK(check_consistency(e.index).ok);
+}
+
+using K3 = KimiK3Connector<Mem>;
+using Dsv4 = Dsv4Connector<Mem>;
+using Dense = DenseConnector<Mem>;
+
+/// Saves `p` through request `id` (compute, forward, finish) and waits until it landed.
+template <class Conn>
+void save_prompt(Engine<Conn>& e, RequestId id, const Prompt& p, TokenCount boundary) {
+  const std::vector<BlockId> blocks = block_range(0, 13);
+  (void)e.coord.admit(AdmitRequest{id, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{0}});
+  forward(e, p, blocks, SlotId{0}, boundary);
+  (void)e.coord.finish(FinishRequest{id, p.tokens, p.keys, blocks, Checkpoint{boundary, p.hash_at(boundary)}, SlotId{0}});
+  REQUIRE(e.step_until([&] { return e.was_released(id) && e.index.stats().saves_outstanding == 0; }));
+}
+
+}  // namespace
+
+TEST_CASE("coordinator: a K3 prompt is saved and loads back with a joint load that claims B") { run_scripted<K3>(); }
+TEST_CASE("coordinator: a DSV4 prompt is saved and loads back with a joint load that claims B") { run_scripted<Dsv4>(); }
+TEST_CASE("coordinator: a dense prompt is saved and loads back whole chunks") { run_scripted<Dense>(); }
+
+TEST_CASE("R8 coordinator: an abort while parked never unparks and releases only after the ranks settled") {
+  Engine<K3> e;
+  const Prompt p(9, 3);
+  save_prompt(e, RequestId{1}, p, 176);
+  e.transport.skip_rank = 3;  // rank 3 has not reported yet: the load stays in flight
+  AdmitDecision d = e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, SlotId{2}});
+  REQUIRE(d.parked);
+  e.coord.teardown(RequestId{2});
+  CHECK_FALSE(e.coord.is_parked(RequestId{2}));
+  for (int i = 0; i < 20; ++i) (void)e.coord.step();
+  CHECK_FALSE(e.was_released(RequestId{2}));  // rank 3 may still write its blocks and slot
+  CHECK(e.coord.stats().holding_now == 1);
+  // Rank 3 finally reports (its dispatch arrives late): now the resources come back.
+  REQUIRE(e.transport.last.has_value());
+  CHECK(e.transport.last->key == d.key);
+  e.ranks[3]->conn.load(*e.transport.last);
+  REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}); }));
+  CHECK(e.unparks_of(RequestId{2}) == 0);
+  CHECK(e.index_released == std::vector<SlotId>{SlotId{2}});  // the index held the slot for the orphan
+  CHECK(e.coord.stats().invariant_violations == 0);
+  CHECK(e.coord.stats().holding_now == 0);
+}
+
+TEST_CASE("R8 coordinator: preempted and re-admitted during its load gets a new generation and unparks once") {
+  Engine<K3> e;
+  const Prompt p(11, 3);
+  save_prompt(e, RequestId{1}, p, 176);
+  e.transport.skip_rank = 3;
+  AdmitDecision first = e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, SlotId{2}});
+  REQUIRE(first.parked);
+  e.coord.teardown(RequestId{2});  // preempted: the old load is an orphan holding slot 2
+  e.transport.skip_rank = kWorld;
+  AdmitDecision again = e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(40, 13), p.checkpoints, SlotId{3}});
+  REQUIRE(again.parked);
+  CHECK(again.key.generation != first.key.generation);
+  REQUIRE(e.step_until([&] { return e.unparks_of(RequestId{2}) == 1; }));
+  CHECK(e.unparked.back().tokens == 176);
+  // The old orphan ages out; its late records (rank 3) would be late everywhere.
+  const auto t = e.coord.tick(std::chrono::steady_clock::now() + 1h, 1s, 1h);
+  CHECK(t.reclaimed == 1);
+  REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}); }));
+  CHECK(e.unparks_of(RequestId{2}) == 1);
+  CHECK(e.coord.stats().invariant_violations == 0);
+}
+
+TEST_CASE("R4 coordinator: a rank that dies mid-load unparks the request to recompute") {
+  Engine<K3> e;
+  const Prompt p(13, 3);
+  save_prompt(e, RequestId{1}, p, 176);
+  e.transport.skip_rank = 2;
+  REQUIRE(e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, SlotId{2}}).parked);
+  for (int i = 0; i < 10; ++i) (void)e.coord.step();
+  CHECK(e.unparks_of(RequestId{2}) == 0);
+  e.pump.mark_rank_dead(2);
+  REQUIRE(e.step_until([&] { return e.unparks_of(RequestId{2}) == 1; }));
+  CHECK(e.unparked.back().tokens == 0);
+  CHECK(e.unparked.back().kind == Resolution::failed);
+  CHECK_FALSE(e.unparked.back().state_missed);  // a dead rank never retracts
+  CHECK(e.coord.stats().invariant_violations == 0);
+}
+
+TEST_CASE("coordinator: a load dropped at build time is a failed settlement in the next step") {
+  Engine<K3> e;
+  const Prompt p(15, 3);
+  save_prompt(e, RequestId{1}, p, 176);
+  e.transport.drop_next = true;
+  const AdmitDecision d = e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, SlotId{2}});
+  REQUIRE(d.parked);  // parked on a load that will settle: it already did, as failed
+  CHECK(e.coord.stats().invariant_violations == 0);
+  const auto s = e.coord.step();
+  REQUIRE(s.unparked.size() == 1);
+  CHECK(s.unparked[0] == Unpark{RequestId{2}, 0, Resolution::failed, false});
+  CHECK(e.coord.stats().transport_drops == 1);
+  CHECK(e.coord.stats().waiting_now == 0);
+  CHECK(e.coord.stats().invariant_violations == 0);
+}
+
+TEST_CASE("coordinator: a load that never hears back is reported by tick and never released") {
+  Engine<Dense> e;
+  const Prompt p(17, 3);
+  save_prompt(e, RequestId{1}, p, 176);
+  e.transport.lose_next = true;
+  REQUIRE(e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, std::nullopt}).parked);
+  for (int i = 0; i < 5; ++i) (void)e.coord.step();
+  const auto t = e.coord.tick(std::chrono::steady_clock::now() + 1h, 1s, 10min);
+  CHECK(t.reclaimed == 0);
+  REQUIRE(t.overdue.size() == 1);
+  CHECK(t.overdue[0].key.request == RequestId{2});
+  CHECK(e.coord.stats().overdue == 1);
+  CHECK(e.coord.is_parked(RequestId{2}));  // still waiting: nothing is released on a timer
+  CHECK(e.coord.stats().invariant_violations == 0);
+}
+
+TEST_CASE("coordinator: a state already past the HBM floor is a state-only load with no KV at all") {
+  Engine<K3> e;
+  const Prompt p(19, 3);
+  save_prompt(e, RequestId{1}, p, 176);
+  // KV of [0, 192) is resident (hbm = 192): only the state at 176 moves.
+  std::vector<LoadRequest> seen;
+  const AdmitDecision d = e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 192, p.keys, block_range(0, 13), p.checkpoints, SlotId{1}});
+  REQUIRE(d.parked);
+  REQUIRE(std::holds_alternative<StateOnlyLoad>(d.plan));
+  CHECK(d.claimed_tokens == 176);
+  REQUIRE(e.step_until([&] { return e.unparks_of(RequestId{2}) == 1; }));
+  CHECK(e.unparked.back().tokens == 176);
+  for (auto& rank : e.ranks) CHECK(rank->pools.holds_state(SlotId{1}, p.hash_at(176)));
+}
+
+TEST_CASE("coordinator: bad options are a kvfuse::Error naming the value") {
+  Engine<Dense> e;
+  Transport<Dense> t{&e.ranks};
+  Lookup<Dense> l{&e.ranks};
+  try {
+    Coordinator<TpQuorum, Transport<Dense>, Lookup<Dense>> bad(CoordinatorOptions{StateLayout::none, PlanGrids{16, 40}, 0, 8},
+                                                              e.index, e.pump, t, l);
+    FAIL("a chunk that is not a multiple of the block was accepted");
+  } catch (const Error& err) {
+    CHECK(err.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(err.what()).find("40") != std::string::npos);
+  }
+}
