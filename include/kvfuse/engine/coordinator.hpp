@@ -362,10 +362,14 @@ class Coordinator {
   [[nodiscard]] CoordinatorStats stats() const noexcept {
     const IndexStats is = index_.stats();
     // One to one, counted: each parked request whose load reached the ranks is a live load
-    // in flight, and each live load in flight is one of them (a dropped load is already
-    // resolved in the index and waits only for the next step to unpark its request).
+    // in flight, and each live load in flight is one of them. Loads the index resolved since
+    // the last step (records ingested between steps, a dropped load) wait in its resolution
+    // queue for the next step: while any wait, the parked count may exceed the live loads by
+    // at most that many.
     const std::uint64_t live_in_flight = is.in_flight - is.orphaned;
-    if (parked_in_flight_ != live_in_flight || parked_in_flight_ > parked_.size() || is.outstanding != is.in_flight)
+    const std::uint64_t waiting = index_.pending_resolutions();
+    if (parked_in_flight_ < live_in_flight || parked_in_flight_ > live_in_flight + waiting ||
+        parked_in_flight_ > parked_.size() || is.outstanding != is.in_flight)
       ++violations_;
     CoordinatorStats s;
     s.admitted = admitted_;

@@ -1,0 +1,331 @@
+// The Coordinator against a small reference model: 10^5 random operations — admit, step,
+// teardown, finish, tick, rank records delivered in any order with any outcome, rank death
+// and return — on one thread, with the ranks simulated (records go through the pump's
+// ingest). After every operation the invariants hold; every event the coordinator hands
+// out is checked against what the model allows:
+//   - a request unparks only while it is parked, exactly once per admission, with the
+//     tokens its load claimed when the load completed and 0 otherwise;
+//   - a request's blocks and slot are released only when no rank can still write or read
+//     them: no record of any of its loads or saves is still undelivered from a live rank;
+//   - at the end, with every record delivered, nothing is parked, nothing is held, and
+//     every request that ended was released exactly once.
+#include "test_support.hpp"
+#include <doctest/doctest.h>
+
+#include <kvfuse/kvfuse.hpp>
+#include <kvfuse/testing/index_consistency.hpp>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+using namespace kvfuse;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Clock = testing::ManualClock<struct CoordinatorModelTag>;
+constexpr std::uint32_t kWorld = 3;
+constexpr std::uint64_t kRequests = 12;
+constexpr std::uint32_t kSlots = 12;
+constexpr std::uint32_t kChunk = 64, kBlock = 16;
+
+/// One record a simulated rank still owes.
+struct Owed {
+  std::uint32_t rank;
+  bool is_load;
+  LoadKey load;
+  SaveKey save;
+  SavePhase phase = SavePhase::released;
+};
+
+/// Captures what the coordinator ships; the simulated ranks owe one record per load and two
+/// per save.
+struct SimTransport {
+  std::vector<Owed>* owed = nullptr;
+  std::set<std::uint32_t>* dead = nullptr;
+  std::mt19937_64* rng = nullptr;
+  std::uint64_t drops = 0;
+  bool send(const LoadRequest& r) {
+    if ((*rng)() % 40 == 0) {  // the connector found the prefix gone at build time
+      ++drops;
+      return false;
+    }
+    for (std::uint32_t k = 0; k < kWorld; ++k)
+      if (!dead->contains(k)) owed->push_back(Owed{k, true, r.key, {}, SavePhase::released});
+    return true;
+  }
+  template <class Save>
+  bool send(const Save& s) {
+    for (std::uint32_t k = 0; k < kWorld; ++k)
+      if (!dead->contains(k)) owed->push_back(Owed{k, false, {}, s.key, SavePhase::released});
+    return true;
+  }
+};
+
+struct AllHeld {
+  std::size_t operator()(std::span<const PrefixHash> keys) const { return keys.size(); }
+};
+
+/// What the model knows of one request.
+struct ModelRequest {
+  enum class State { idle, parked, running, gone } state = State::idle;
+  LoadKey key{};
+  TokenCount claims = 0;
+  std::set<LoadKey> loads;   // every load key it ever had (orphans included)
+  std::set<SaveKey> saves;   // every save it sent
+  bool release_expected = false;
+  int released = 0;
+};
+
+struct Run {
+  std::mt19937_64 rng;
+  std::vector<Owed> owed;
+  std::set<std::uint32_t> dead;
+  std::vector<SlotId> index_freed;
+  OffloadIndex<Clock> index{OffloadIndexOptions{.hash_capacity = 256, .slot_count = kSlots},
+                            [this](SlotId s) { index_freed.push_back(s); }};
+  TpQuorum group{TpQuorumOptions{kWorld, 0, 64, 256}};
+  SettlementPump<TpQuorum, OffloadIndex<Clock>> pump{group, index};
+  SimTransport transport;
+  AllHeld lookup;
+  Coordinator<TpQuorum, SimTransport, AllHeld, Clock> coord{
+      CoordinatorOptions{StateLayout::k3_recurrent, PlanGrids{kBlock, kChunk}, 0, 64}, index, pump, transport, lookup};
+  std::map<std::uint64_t, ModelRequest> model;
+  std::map<SaveKey, std::uint64_t> save_owner;
+  std::vector<PrefixHash> keys;
+  std::vector<BlockId> blocks;
+  std::vector<Checkpoint> checkpoints;
+  std::uint64_t unparks = 0, releases = 0, completed = 0;
+
+  explicit Run(std::uint64_t seed) : rng(seed) {
+    transport.owed = &owed;
+    transport.dead = &dead;
+    transport.rng = &rng;
+    for (std::uint64_t c = 0; c < 4; ++c) keys.push_back(PrefixHash{900 + c});
+    for (std::uint32_t b = 0; b < 16; ++b) blocks.push_back(BlockId{b});
+    for (TokenCount b = kBlock; b < 4 * kChunk; b += kBlock) checkpoints.push_back(Checkpoint{b, PrefixHash{5000 + b}});
+    for (const Checkpoint& c : checkpoints)
+      if (c.boundary % 48 == 0) index.note_stored(c.hash);
+    for (std::uint64_t r = 0; r < kRequests; ++r) model[r];
+  }
+  std::uint64_t pick(std::uint64_t n) { return rng() % n; }
+
+  std::set<LoadKey> reclaimed;  // orphans reclaim aged out: R8 lets their memory go on the timeout
+
+  /// True if some live rank still owes a record that touches request r's device memory
+  /// (reclaimed orphans aside: that is what the reclaim timeout is for, R8).
+  bool owes(const ModelRequest& m) const {
+    for (const Owed& o : owed) {
+      if (dead.contains(o.rank)) continue;
+      if (o.is_load && m.loads.contains(o.load) && !reclaimed.contains(o.load)) return true;
+      if (!o.is_load && o.phase == SavePhase::released && m.saves.contains(o.save)) return true;
+    }
+    return false;
+  }
+
+  void absorb(const typename decltype(coord)::StepResult& s) {
+    for (const Unpark& u : s.unparked) {
+      ++unparks;
+      ModelRequest& m = model.at(u.request.value);
+      REQUIRE_MESSAGE(m.state == ModelRequest::State::parked, "request " << u.request.value << " unparked while not parked");
+      CHECK(u.tokens == (u.kind == Resolution::completed ? m.claims : 0));
+      completed += u.kind == Resolution::completed;
+      m.state = ModelRequest::State::running;
+    }
+    for (const RequestId id : s.released) {
+      ++releases;
+      ModelRequest& m = model.at(id.value);
+      REQUIRE_MESSAGE(m.release_expected, "request " << id.value << " released unasked");
+      REQUIRE_MESSAGE(!owes(m), "request " << id.value << " released while a rank may still touch its memory");
+      ++m.released;
+      m.release_expected = false;
+      m.state = ModelRequest::State::idle;
+      m.loads.clear();
+      m.saves.clear();
+    }
+  }
+
+  void op_admit() {
+    const std::uint64_t r = pick(kRequests);
+    ModelRequest& m = model[r];
+    if (m.state != ModelRequest::State::idle || m.release_expected) return;
+    const TokenCount prompt = kChunk * (1 + pick(3)) + kBlock * (1 + pick(3));
+    const TokenCount hbm = kBlock * pick(prompt / kBlock);
+    const AdmitDecision d = coord.admit(AdmitRequest{RequestId{r}, prompt, hbm, keys, blocks, checkpoints,
+                                                     SlotId{static_cast<std::uint32_t>(r % kSlots)}});
+    if (d.parked) {
+      m.state = ModelRequest::State::parked;
+      m.key = d.key;
+      m.claims = d.claimed_tokens;
+      m.loads.insert(d.key);
+    } else {
+      m.state = ModelRequest::State::running;  // computes from scratch
+    }
+  }
+
+  void op_teardown() {
+    const std::uint64_t r = pick(kRequests);
+    ModelRequest& m = model[r];
+    if (m.state == ModelRequest::State::idle || m.state == ModelRequest::State::gone || m.release_expected) return;
+    coord.teardown(RequestId{r});
+    m.state = ModelRequest::State::gone;
+    m.release_expected = true;
+  }
+
+  void op_finish() {
+    const std::uint64_t r = pick(kRequests);
+    ModelRequest& m = model[r];
+    if (m.state != ModelRequest::State::running || m.release_expected) return;
+    const TokenCount computed = kBlock * (1 + pick(16));
+    const std::uint64_t before_saves = index.stats().saves_issued;
+    (void)coord.finish(FinishRequest{RequestId{r}, computed, keys, blocks, checkpoints[pick(checkpoints.size())],
+                                     SlotId{static_cast<std::uint32_t>(r % kSlots)}});
+    // Learn the saves it sent from the owed list (their keys are new).
+    for (const Owed& o : owed)
+      if (!o.is_load && !save_owner.contains(o.save)) {
+        save_owner[o.save] = r;
+        m.saves.insert(o.save);
+      }
+    CHECK(index.stats().saves_issued >= before_saves);
+    m.state = ModelRequest::State::gone;
+    m.release_expected = true;
+  }
+
+  void op_deliver() {
+    if (owed.empty()) return;
+    const std::size_t i = pick(owed.size());
+    Owed o = owed[i];
+    owed[i] = owed.back();
+    owed.pop_back();
+    if (o.is_load) {
+      const std::uint64_t roll = pick(20);
+      CompletionRecord rec{o.load, o.rank, roll == 0 ? KvOutcome::failed : KvOutcome::ok,
+                           roll == 1 ? StateOutcome::missed : StateOutcome::restored, Reason::none, Reason::none};
+      pump.ingest(o.rank, std::span<const CompletionRecord>(&rec, 1));
+    } else {
+      SaveRecord rec{o.save, o.rank, o.phase, pick(10) != 0, Reason::none};
+      if (!rec.ok) rec.reason = Reason::kv_transfer_failed;
+      if (o.phase == SavePhase::released) {
+        rec.ok = true;
+        rec.reason = Reason::none;
+        owed.push_back(Owed{o.rank, false, {}, o.save, SavePhase::stored});  // the same rank then reports stored
+      }
+      pump.ingest(o.rank, std::span<const SaveRecord>(&rec, 1));
+    }
+  }
+
+  // A key whose every owing rank died can never settle: nothing tells the group it exists
+  // (the load or save stays in flight, visible to report_overdue, never released). The
+  // model keeps one owing rank alive for every key, as a deployment keeps a quorum.
+  bool last_owner_of_something(std::uint32_t k) const {
+    for (const Owed& o : owed) {
+      if (o.rank != k) continue;
+      const bool shared = std::any_of(owed.begin(), owed.end(), [&](const Owed& x) {
+        return x.rank != k && !dead.contains(x.rank) && x.is_load == o.is_load && (o.is_load ? x.load == o.load : x.save == o.save);
+      });
+      if (!shared) return true;
+    }
+    return false;
+  }
+
+  void op_rank() {
+    const std::uint32_t k = static_cast<std::uint32_t>(pick(kWorld));
+    if (dead.contains(k)) {
+      pump.mark_rank_alive(k);
+      dead.erase(k);
+    } else if (dead.size() + 1 < kWorld && !last_owner_of_something(k)) {
+      pump.mark_rank_dead(k);
+      dead.insert(k);
+      std::erase_if(owed, [k](const Owed& o) { return o.rank == k; });  // it will never report
+    }
+  }
+
+  void op_tick() {
+    Clock::current += std::chrono::seconds(1 + pick(20));
+    const auto t = coord.tick(Clock::now(), 30s, 10s);
+    CHECK(t.overdue.size() == coord.stats().overdue);
+    if (t.reclaimed > 0)
+      for (const Owed& o : owed)
+        if (o.is_load && !index.is_in_flight(o.load)) reclaimed.insert(o.load);
+  }
+
+  int last_op = -1;
+  void check_invariants() {
+    const CoordinatorStats s = coord.stats();
+    REQUIRE_MESSAGE(s.invariant_violations == 0, "after operation kind " << last_op);
+    const IndexStats is = index.stats();
+    REQUIRE(is.invariant_violations == 0);
+    std::uint64_t parked = 0;
+    for (const auto& [r, m] : model) parked += m.state == ModelRequest::State::parked;
+    CHECK(s.waiting_now == parked);
+  }
+
+  void one() {
+    const std::uint64_t roll = pick(100);
+    last_op = static_cast<int>(roll);
+    if (roll < 20) op_admit();
+    else if (roll < 45) absorb(coord.step());
+    else if (roll < 75) op_deliver();
+    else if (roll < 83) op_teardown();
+    else if (roll < 93) op_finish();
+    else if (roll < 97) op_tick();
+    else op_rank();
+    check_invariants();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("coordinator model: 10^5 random operations keep every invariant and every release is safe") {
+  for (const std::uint64_t seed : {20261130ULL, 7ULL}) {
+    CAPTURE(seed);
+    Clock::current = Clock::time_point{};
+    Run run(seed);
+    for (int i = 0; i < 50'000; ++i) {
+      CAPTURE(i);
+      run.one();
+    }
+    // Drain: every live rank delivers everything; every request still running finishes.
+    while (!run.owed.empty()) {
+      run.op_deliver();
+      run.absorb(run.coord.step());
+    }
+    for (int i = 0; i < 4; ++i) run.absorb(run.coord.step());
+    for (auto& [r, m] : run.model)
+      if (m.state == ModelRequest::State::running && !m.release_expected) {
+        run.coord.teardown(RequestId{r});
+        m.state = ModelRequest::State::gone;
+        m.release_expected = true;
+      }
+    Clock::current += 1h;
+    (void)run.coord.tick(Clock::now(), 30s, 10s);  // orphans whose ranks died: reclaimed
+    while (!run.owed.empty()) {
+      run.op_deliver();
+      run.absorb(run.coord.step());
+    }
+    for (int i = 0; i < 4; ++i) run.absorb(run.coord.step());
+    const CoordinatorStats s = run.coord.stats();
+    CHECK(s.invariant_violations == 0);
+    CHECK(s.waiting_now == 0);
+    CHECK(s.holding_now == 0);
+    for (const auto& [r, m] : run.model) {
+      CAPTURE(r);
+      CHECK_FALSE(m.release_expected);  // everything that ended was released
+      CHECK(m.state != ModelRequest::State::parked);
+    }
+    const IndexStats is = run.index.stats();
+    CHECK(is.outstanding == 0);
+    CHECK(is.saves_outstanding == 0);
+    CHECK(testing::check_consistency(run.index).ok);
+    // The mix did what it is for.
+    CHECK(run.unparks > 1000);
+    CHECK(run.completed > 100);
+    CHECK(run.releases > 1000);
+    CHECK(run.transport.drops > 10);
+    MESSAGE("unparks " << run.unparks << ", completed " << run.completed << ", releases " << run.releases
+                       << ", drops " << run.transport.drops << ", saves " << is.saves_issued);
+  }
+}
