@@ -329,3 +329,23 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
                        << ", drops " << run.transport.drops << ", saves " << is.saves_issued);
   }
 }
+
+TEST_CASE("coordinator: a save whose source a rank could not confirm free keeps the blocks pinned") {
+  Clock::current = Clock::time_point{};
+  Run run(1);
+  const AdmitDecision d = run.coord.admit(AdmitRequest{RequestId{3}, 10, 0, run.keys, run.blocks, run.checkpoints, SlotId{3}});
+  REQUIRE_FALSE(d.parked);
+  REQUIRE(run.coord.finish(FinishRequest{RequestId{3}, 192, run.keys, run.blocks, std::nullopt, std::nullopt}) == 1);
+  REQUIRE(run.owed.size() == kWorld);
+  for (const Owed& o : run.owed) {
+    // Rank 1's device failed to synchronize after its gather: released, not confirmed.
+    const bool confirmed = o.rank != 1;
+    SaveRecord released{o.save, o.rank, SavePhase::released, confirmed, confirmed ? Reason::none : Reason::source_unconfirmed};
+    run.pump.ingest(o.rank, std::span<const SaveRecord>(&released, 1));
+    SaveRecord stored{o.save, o.rank, SavePhase::stored, false, Reason::kv_transfer_failed};
+    run.pump.ingest(o.rank, std::span<const SaveRecord>(&stored, 1));
+  }
+  for (int i = 0; i < 3; ++i) CHECK(run.coord.step().released.empty());
+  CHECK(run.coord.stats().sources_pinned == 1);
+  CHECK(run.index.stats().saves_outstanding == 0);  // the save itself ended (failed)
+}

@@ -163,6 +163,7 @@ struct CoordinatorStats {
   std::uint64_t waiting_now = 0;       ///< parked requests now
   std::uint64_t holding_now = 0;       ///< requests whose resources wait for their ranks now
   std::uint64_t overdue = 0;           ///< loads the last tick() found in flight past the threshold
+  std::uint64_t sources_pinned = 0;    ///< saves whose source some rank could not confirm free: kept pinned, never released
   std::uint64_t invariant_violations = 0;  ///< stats() audits that failed, plus double unparks
 };
 
@@ -385,6 +386,7 @@ class Coordinator {
     s.waiting_now = parked_.size();
     s.holding_now = holding_.size();
     s.overdue = overdue_;
+    s.sources_pinned = sources_pinned_;
     s.invariant_violations = violations_;
     return s;
   }
@@ -405,6 +407,7 @@ class Coordinator {
     std::uint32_t saves_in_flight = 0;
     bool finished = false;
     bool released_pending = false;   // release once the saves' sources are free
+    bool pinned = false;             // a save's source could not be confirmed free: never released
   };
   struct SaveOwner {
     RequestId request;
@@ -495,6 +498,13 @@ class Coordinator {
     const auto rs = requests_.find(id);
     if (rs == requests_.end()) return;
     if (s.phase == SavePhase::stored && !s.ok) rs->second.watermark = 0;  // the tier may lack these chunks
+    if (s.phase == SavePhase::released && !s.ok) {
+      // Some rank could not confirm that nothing reads the source (its device failed to
+      // synchronize): the blocks stay pinned for good, visibly, rather than be reused under
+      // a copy that may still run.
+      rs->second.pinned = true;
+      ++sources_pinned_;
+    }
     // Blocks and slot go back on the released phase (early release), never later than stored.
     if (source_free_now && --rs->second.saves_in_flight == 0 && rs->second.released_pending) release_now(id, rs->second);
   }
@@ -530,6 +540,7 @@ class Coordinator {
 
   void release_now(RequestId id, RequestState& rs) {
     rs.released_pending = false;
+    if (rs.pinned) return;
     release_ready_.push_back(id);
     if (rs.finished || !parked_.contains(id)) requests_.erase(id);
   }
@@ -552,7 +563,7 @@ class Coordinator {
   std::uint64_t parked_in_flight_ = 0;
   std::uint64_t admitted_ = 0, parked_count_ = 0, computed_ = 0, unparked_total_ = 0, unparked_with_tokens_ = 0;
   std::uint64_t transport_drops_ = 0, torn_down_ = 0, released_total_ = 0, saves_submitted_ = 0, saves_skipped_ = 0;
-  std::uint64_t overdue_ = 0;
+  std::uint64_t overdue_ = 0, sources_pinned_ = 0;
   mutable std::uint64_t violations_ = 0;
 };
 
