@@ -2,13 +2,14 @@
 # Runs every kvfuse benchmark binary in a directory, then prints one table of the ratios
 # the ratios bench/README.md sets targets for, each with its target and PASS/MISS.
 #
-#   bench/run.sh [BENCH_DIR]        default: build/release/bench   (about a minute on 2 cores)
+#   bench/run.sh [BENCH_DIR]        default: build/release/bench   (about a minute and a half on 2 cores)
 #
 # Every figure in the table comes from this run: each binary writes its results as JSON
 # (--benchmark_out) next to its usual console table, and the table is read back from those
 # files with awk (no python needed). Ratios whose two sides are timed inside one benchmark
-# (kvfuse_bench_connector, kvfuse_bench_runtime) are that benchmark's own counters; the
-# others are computed here from two benchmarks of the same binary and the same run.
+# (kvfuse_bench_connector, kvfuse_bench_runtime) and the per-request costs of
+# kvfuse_bench_coordinator are that benchmark's own counters; the others are computed here
+# from two benchmarks of the same binary and the same run.
 # Exit status: 1 if a binary failed, else 0; a missed target is reported (MISS, and a count
 # at the end), not turned into a failure: timings on a shared machine are evidence, not a
 # gate.
@@ -110,10 +111,11 @@ div() { # div VALUE DIVISOR (unit conversion; empty -> empty)
 }
 
 idx=kvfuse_bench_offload_index comp=kvfuse_bench_completion conn=kvfuse_bench_connector
-rt=kvfuse_bench_runtime tiers=kvfuse_bench_tiers
+rt=kvfuse_bench_runtime tiers=kvfuse_bench_tiers coord=kvfuse_bench_coordinator
 dense=BM_DenseVsHandWritten hit=BM_LoadVsMemcpy64MiB
 
-echo "== kvfuse: the targets table (bench/README.md), every figure from this run ($(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs) =="
+load=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?")
+echo "== kvfuse: the targets table (bench/README.md), every figure from this run ($(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) CPUs, load average $load) =="
 printf '  %-64s %12s  %-12s %s\n' "what" "measured" "target" ""
 echo "  -- engine index (kvfuse_bench_offload_index)"
 row "stats() with the full audit, 2^20 indexed hashes" "$(m $idx BM_Stats/1048576 real_time)" ns "<" 1000
@@ -127,6 +129,21 @@ row "records drained + merged through lane queues and quorum, 8 ranks" \
   "$(div "$(m $comp BM_DrainMerge/8/manual_time items_per_second)" 1e6)" M/s ">=" 10
 row "pushed + drained + merged on one thread, 8 ranks" "$(div "$(m $comp BM_PushDrainMerge/8 items_per_second)" 1e6)" M/s
 row "producer thread + engine thread, 8 ranks" "$(div "$(m $comp BM_Threaded/8/real_time items_per_second)" 1e6)" M/s
+echo "  -- engine loop (kvfuse_bench_coordinator; 8 ranks, 16-chunk K3 joint loads, no copies; 5 repetitions)"
+creq=BM_CoordinatorRequest/ranks_inline/checkpoints:1/repeats:5/manual_time
+row "coordinator per request: admit..unpark + finish, median" "$(m $coord ${creq}_median ns_per_request)" ns "<=" 1000
+row "  fastest repetition" "$(m $coord ${creq}_min ns_per_request)" ns
+row "  slowest repetition" "$(m $coord ${creq}_max ns_per_request)" ns
+row "  admit: plan, ticket, LoadRequest, 8 record pushes, park" "$(m $coord ${creq}_median admit_ns)" ns
+row "  step: drain, 8-record quorum merge, settle, unpark" "$(m $coord ${creq}_median step_ns)" ns
+row "  finish: nothing new to save, release" "$(m $coord ${creq}_median finish_ns)" ns
+row "  heap allocations per request, scheduler thread" "$(m $coord ${creq}_median allocs_per_request)" allocs
+row "coordinator per request, record pushes not timed" \
+  "$(m $coord BM_CoordinatorRequest/ranks_untimed/checkpoints:1/repeats:5/manual_time_median ns_per_request)" ns
+row "coordinator per request, 16 candidate checkpoints" \
+  "$(m $coord BM_CoordinatorRequest/ranks_inline/checkpoints:16/repeats:5/manual_time_median ns_per_request)" ns
+row "coordinator per request, records from a producer thread (wall)" \
+  "$(m $coord BM_CoordinatorRequest/ranks_thread/checkpoints:1/repeats:5/manual_time_median ns_per_request)" ns
 echo "  -- connector load path (kvfuse_bench_connector; medians, both sides timed in the same iterations)"
 lat=BM_JointLoad/delay_us:2000/leg_KiB:64/apart:0/manual_time
 bw=BM_JointLoad/delay_us:0/leg_KiB:16384
