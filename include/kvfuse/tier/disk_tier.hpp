@@ -56,6 +56,7 @@
 #include <vector>
 
 #include <kvfuse/detail/checksum.hpp>
+#include <kvfuse/detail/little_endian.hpp>
 #include <kvfuse/error.hpp>
 #include <kvfuse/tier/tier.hpp>
 
@@ -77,48 +78,39 @@ struct Header {
   std::uint64_t payload_checksum = 0;
 };
 
-inline void store_le(std::byte* out, std::uint64_t v, int bytes) noexcept {
-  for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-inline std::uint64_t load_le(const std::byte* in, int bytes) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= std::uint64_t{static_cast<std::uint8_t>(in[i])} << (8 * i);
-  return v;
-}
-
 inline void encode(const Header& h, std::byte* out) noexcept {
   std::memset(out, 0, header_bytes);
   std::memcpy(out, magic, sizeof magic);
-  store_le(out + 8, format_version, 4);
-  store_le(out + 12, header_bytes, 4);
-  store_le(out + 16, h.key.model, 8);
-  store_le(out + 24, h.key.hash.value, 8);
-  store_le(out + 32, h.key.world_size, 4);
-  store_le(out + 36, h.key.rank, 4);
-  store_le(out + 40, static_cast<std::uint8_t>(h.key.kind), 1);
-  store_le(out + 48, h.payload_bytes, 8);
-  store_le(out + 56, h.payload_checksum, 8);
-  store_le(out + 72, xxh64(std::span<const std::byte>(out, 72)), 8);
+  detail::put_le(out + 8, format_version, 4);
+  detail::put_le(out + 12, header_bytes, 4);
+  detail::put_le(out + 16, h.key.model, 8);
+  detail::put_le(out + 24, h.key.hash.value, 8);
+  detail::put_le(out + 32, h.key.world_size, 4);
+  detail::put_le(out + 36, h.key.rank, 4);
+  detail::put_le(out + 40, static_cast<std::uint8_t>(h.key.kind), 1);
+  detail::put_le(out + 48, h.payload_bytes, 8);
+  detail::put_le(out + 56, h.payload_checksum, 8);
+  detail::put_le(out + 72, xxh64(std::span<const std::byte>(out, 72)), 8);
 }
 
 /// Decodes and validates a header (magic, version, size, kind, zero padding, checksum).
 inline std::optional<Header> decode(const std::byte* in) noexcept {
   if (std::memcmp(in, magic, sizeof magic) != 0) return std::nullopt;
-  if (load_le(in + 8, 4) != format_version || load_le(in + 12, 4) != header_bytes) return std::nullopt;
-  if (load_le(in + 72, 8) != xxh64(std::span<const std::byte>(in, 72))) return std::nullopt;
-  const auto kind = load_le(in + 40, 1);
+  if (detail::get_le(in + 8, 4) != format_version || detail::get_le(in + 12, 4) != header_bytes) return std::nullopt;
+  if (detail::get_le(in + 72, 8) != xxh64(std::span<const std::byte>(in, 72))) return std::nullopt;
+  const auto kind = detail::get_le(in + 40, 1);
   if (kind != static_cast<std::uint8_t>(EntryKind::kv_chunk) && kind != static_cast<std::uint8_t>(EntryKind::state))
     return std::nullopt;
   for (int i = 41; i < 48; ++i)
     if (in[i] != std::byte{0}) return std::nullopt;
   Header h;
-  h.key.model = load_le(in + 16, 8);
-  h.key.hash.value = load_le(in + 24, 8);
-  h.key.world_size = static_cast<std::uint32_t>(load_le(in + 32, 4));
-  h.key.rank = static_cast<std::uint32_t>(load_le(in + 36, 4));
+  h.key.model = detail::get_le(in + 16, 8);
+  h.key.hash.value = detail::get_le(in + 24, 8);
+  h.key.world_size = static_cast<std::uint32_t>(detail::get_le(in + 32, 4));
+  h.key.rank = static_cast<std::uint32_t>(detail::get_le(in + 36, 4));
   h.key.kind = static_cast<EntryKind>(kind);
-  h.payload_bytes = load_le(in + 48, 8);
-  h.payload_checksum = load_le(in + 56, 8);
+  h.payload_bytes = detail::get_le(in + 48, 8);
+  h.payload_checksum = detail::get_le(in + 56, 8);
   return h;
 }
 
