@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include <kvfuse/engine/detail/flat_index_map.hpp>
 #include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/detail/npos.hpp>
 
 namespace kvfuse::detail {
 
