@@ -10,8 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <random>
-#include <unordered_map>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -650,44 +648,6 @@ TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint lo
   const IndexStats s = index.stats();
   CHECK(s.dispatched == s.completed + s.failed + s.abandoned + s.outstanding);
   CHECK(s.invariant_violations == 0);
-}
-
-// ---- the container under the quorum ---------------------------------------------------------
-
-TEST_CASE("quorum internals: the flat map agrees with std::unordered_map under random churn") {
-  detail::FlatMap<LoadKey, std::uint64_t> flat(4);
-  std::unordered_map<LoadKey, std::uint64_t> model;
-  std::mt19937_64 rng(7);
-  std::uint64_t mismatches = 0;
-  for (int i = 0; i < 200000; ++i) {
-    const LoadKey k = lk(rng() % 512, rng() % 4);  // few distinct keys: long probe chains, many erases
-    switch (rng() % 3) {
-      case 0: {
-        auto [v, inserted] = flat.try_emplace(k);
-        const bool model_inserted = model.emplace(k, 0).second;
-        if (inserted != model_inserted) ++mismatches;
-        *v += 1;
-        model[k] += 1;
-        break;
-      }
-      case 1:
-        if (flat.erase(k) != (model.erase(k) == 1)) ++mismatches;
-        break;
-      default: {
-        const std::uint64_t* v = flat.find(k);
-        const auto it = model.find(k);
-        if ((v == nullptr) != (it == model.end()) || (v != nullptr && *v != it->second)) ++mismatches;
-      }
-    }
-    if (flat.size() != model.size()) ++mismatches;
-  }
-  CHECK(mismatches == 0);
-  std::size_t visited = 0;
-  flat.for_each([&](const LoadKey& k, std::uint64_t v) {
-    ++visited;
-    CHECK(model.at(k) == v);
-  });
-  CHECK(visited == model.size());
 }
 
 // ---- the index resolves, the group forgets; ranks come back --------------------------------

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <kvfuse/bridge/records.hpp>
+#include <kvfuse/detail/little_endian.hpp>
 
 #include <array>
 #include <cstddef>
@@ -30,6 +31,22 @@ constexpr SaveRecord sample_save{SaveKey{PrefixHash{0xA1A2A3A4A5A6A7A8ULL}, Gene
 // Round trips hold at compile time: the codec is constexpr.
 static_assert(completion_from_bytes(to_bytes(sample_load)).record == sample_load);
 static_assert(save_from_bytes(to_bytes(sample_save)).record == sample_save);
+
+// The shared little-endian codec is constexpr: width by width, at compile time.
+constexpr bool le_round_trips() {
+  std::array<std::byte, 8> b{};
+  for (int width = 1; width <= 8; ++width) {
+    const std::uint64_t v = 0x0102030405060708ULL;
+    const std::uint64_t low = width == 8 ? v : v & ((std::uint64_t{1} << (8 * width)) - 1);
+    b.fill(std::byte{0xEE});
+    detail::put_le(b.data(), v, width);
+    if (detail::get_le(b.data(), width) != low) return false;
+    if (b[0] != std::byte{0x08}) return false;  // least significant byte first
+    if (width < 8 && b[static_cast<std::size_t>(width)] != std::byte{0xEE}) return false;  // writes no further
+  }
+  return true;
+}
+static_assert(le_round_trips());
 
 }  // namespace
 

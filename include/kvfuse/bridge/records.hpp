@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/detail/little_endian.hpp>
 
 namespace kvfuse {
 
@@ -208,15 +209,6 @@ struct Decoded {
 namespace detail {
 inline constexpr std::uint8_t load_record_kind = 1;
 inline constexpr std::uint8_t save_record_kind = 2;
-
-constexpr void put_le(std::byte* out, std::uint64_t v, int bytes) noexcept {
-  for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xffU);
-}
-constexpr std::uint64_t get_le(const std::byte* in, int bytes) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
-  return v;
-}
 
 // The checks both decoders share: size, version, kind, reserved bytes from `reserved_from`.
 constexpr DecodeError check_frame(std::span<const std::byte> in, std::uint8_t kind, std::size_t reserved_from) noexcept {

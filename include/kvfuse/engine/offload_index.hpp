@@ -31,7 +31,7 @@
 #include <kvfuse/bridge/records.hpp>
 #include <kvfuse/bridge/resolution.hpp>
 #include <kvfuse/bridge/save_request.hpp>
-#include <kvfuse/engine/detail/flat_index_map.hpp>
+#include <kvfuse/detail/flat_map.hpp>
 #include <kvfuse/engine/detail/lru_hash_set.hpp>
 #include <kvfuse/engine/index_options.hpp>
 #include <kvfuse/engine/tickets.hpp>

@@ -17,7 +17,7 @@
 #include <kvfuse/bridge/ids.hpp>
 #include <kvfuse/bridge/load_request.hpp>
 #include <kvfuse/bridge/save_request.hpp>
-#include <kvfuse/engine/detail/flat_index_map.hpp>
+#include <kvfuse/detail/npos.hpp>
 
 namespace kvfuse {
 

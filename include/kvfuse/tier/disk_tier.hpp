@@ -1,25 +1,12 @@
 // kvfuse/tier/disk_tier.hpp — DiskTier: one file per entry, validated on open and on read (R18).
 //
-// File layout (format version 1, all integers little-endian, 80-byte header):
+// The bytes on disk (entry header, file names) are specified in tier/disk_format.hpp; the
+// POSIX plumbing (descriptors, whole reads and writes, publish by rename) is in
+// tier/detail/posix_file.hpp. This header is the tier: the catalogue, the restart scan,
+// quarantine, and the counters.
 //
-//   off  size  field
-//     0     8  magic "KVFUSEDT"
-//     8     4  format version (1)
-//    12     4  header size (80)
-//    16     8  key.model
-//    24     8  key.hash
-//    32     4  key.world_size
-//    36     4  key.rank
-//    40     1  key.kind (1 kv_chunk, 2 state), then 7 zero bytes
-//    48     8  payload length in bytes
-//    56     8  XXH64 of the payload
-//    64     8  reserved, zero
-//    72     8  XXH64 of header bytes [0, 72)
-//    80     …  payload
-//
-// The file name spells the whole key too (`kv-<model>-<hash>-<world>-<rank>.kvt`, fixed-width
-// lowercase hex), and a file whose header key disagrees with its name is never served: a
-// slice cut for another rank, model or world size cannot be read back under this key.
+// A file whose header key disagrees with its name is never served: a slice cut for another
+// rank, model or world size cannot be read back under this key.
 //
 // Restart: the constructor scans the directory and rebuilds the catalogue from the headers.
 // Files that fail validation (bad magic or version, header checksum, truncated or trailing
@@ -42,7 +29,6 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -57,190 +43,11 @@
 
 #include <kvfuse/detail/checksum.hpp>
 #include <kvfuse/error.hpp>
+#include <kvfuse/tier/detail/posix_file.hpp>
+#include <kvfuse/tier/disk_format.hpp>
 #include <kvfuse/tier/tier.hpp>
 
 namespace kvfuse {
-
-namespace detail::disk {
-
-inline constexpr std::size_t header_bytes = 80;
-inline constexpr std::uint32_t format_version = 1;
-inline constexpr char magic[8] = {'K', 'V', 'F', 'U', 'S', 'E', 'D', 'T'};
-inline constexpr std::size_t name_length = 58;  // "kv-" 16 "-" 16 "-" 8 "-" 8 ".kvt"
-inline constexpr std::string_view quarantine_dir = "quarantine";
-inline constexpr std::string_view temp_prefix = ".tmp-";
-
-/// What a header says about its file.
-struct Header {
-  TierKey key;
-  std::uint64_t payload_bytes = 0;
-  std::uint64_t payload_checksum = 0;
-};
-
-inline void store_le(std::byte* out, std::uint64_t v, int bytes) noexcept {
-  for (int i = 0; i < bytes; ++i) out[i] = static_cast<std::byte>((v >> (8 * i)) & 0xff);
-}
-inline std::uint64_t load_le(const std::byte* in, int bytes) noexcept {
-  std::uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= std::uint64_t{static_cast<std::uint8_t>(in[i])} << (8 * i);
-  return v;
-}
-
-inline void encode(const Header& h, std::byte* out) noexcept {
-  std::memset(out, 0, header_bytes);
-  std::memcpy(out, magic, sizeof magic);
-  store_le(out + 8, format_version, 4);
-  store_le(out + 12, header_bytes, 4);
-  store_le(out + 16, h.key.model, 8);
-  store_le(out + 24, h.key.hash.value, 8);
-  store_le(out + 32, h.key.world_size, 4);
-  store_le(out + 36, h.key.rank, 4);
-  store_le(out + 40, static_cast<std::uint8_t>(h.key.kind), 1);
-  store_le(out + 48, h.payload_bytes, 8);
-  store_le(out + 56, h.payload_checksum, 8);
-  store_le(out + 72, xxh64(std::span<const std::byte>(out, 72)), 8);
-}
-
-/// Decodes and validates a header (magic, version, size, kind, zero padding, checksum).
-inline std::optional<Header> decode(const std::byte* in) noexcept {
-  if (std::memcmp(in, magic, sizeof magic) != 0) return std::nullopt;
-  if (load_le(in + 8, 4) != format_version || load_le(in + 12, 4) != header_bytes) return std::nullopt;
-  if (load_le(in + 72, 8) != xxh64(std::span<const std::byte>(in, 72))) return std::nullopt;
-  const auto kind = load_le(in + 40, 1);
-  if (kind != static_cast<std::uint8_t>(EntryKind::kv_chunk) && kind != static_cast<std::uint8_t>(EntryKind::state))
-    return std::nullopt;
-  for (int i = 41; i < 48; ++i)
-    if (in[i] != std::byte{0}) return std::nullopt;
-  Header h;
-  h.key.model = load_le(in + 16, 8);
-  h.key.hash.value = load_le(in + 24, 8);
-  h.key.world_size = static_cast<std::uint32_t>(load_le(in + 32, 4));
-  h.key.rank = static_cast<std::uint32_t>(load_le(in + 36, 4));
-  h.key.kind = static_cast<EntryKind>(kind);
-  h.payload_bytes = load_le(in + 48, 8);
-  h.payload_checksum = load_le(in + 56, 8);
-  return h;
-}
-
-inline char* put_hex(char* out, std::uint64_t v, int digits) noexcept {
-  constexpr char hex[] = "0123456789abcdef";
-  for (int i = digits - 1; i >= 0; --i, v >>= 4) out[i] = hex[v & 0xf];
-  return out + digits;
-}
-
-/// Writes the entry file name of `key` (NUL-terminated) into `out`. False for a kind that
-/// has no file name (not kv_chunk or state).
-inline bool format_name(const TierKey& key, char (&out)[64]) noexcept {
-  char* p = out;
-  if (key.kind == EntryKind::kv_chunk) {
-    *p++ = 'k';
-    *p++ = 'v';
-  } else if (key.kind == EntryKind::state) {
-    *p++ = 's';
-    *p++ = 't';
-  } else {
-    return false;
-  }
-  *p++ = '-';
-  p = put_hex(p, key.model, 16);
-  *p++ = '-';
-  p = put_hex(p, key.hash.value, 16);
-  *p++ = '-';
-  p = put_hex(p, key.world_size, 8);
-  *p++ = '-';
-  p = put_hex(p, key.rank, 8);
-  std::memcpy(p, ".kvt", 5);
-  return true;
-}
-
-/// The key an entry file name spells, or nothing if `name` is not exactly an entry name
-/// (the canonical spelling: parse and format round-trip).
-inline std::optional<TierKey> parse_name(std::string_view name) noexcept {
-  if (name.size() != name_length) return std::nullopt;
-  TierKey key;
-  if (name.starts_with("kv-")) {
-    key.kind = EntryKind::kv_chunk;
-  } else if (name.starts_with("st-")) {
-    key.kind = EntryKind::state;
-  } else {
-    return std::nullopt;
-  }
-  auto field = [&](std::size_t at, int digits, std::uint64_t& v) {
-    v = 0;
-    for (int i = 0; i < digits; ++i) {
-      const char c = name[at + static_cast<std::size_t>(i)];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (d < 0) return false;
-      v = v << 4 | static_cast<std::uint64_t>(d);
-    }
-    return true;
-  };
-  std::uint64_t world = 0, rank = 0;
-  if (!field(3, 16, key.model) || name[19] != '-' || !field(20, 16, key.hash.value) || name[36] != '-' ||
-      !field(37, 8, world) || name[45] != '-' || !field(46, 8, rank) || name.substr(54) != ".kvt")
-    return std::nullopt;
-  key.world_size = static_cast<std::uint32_t>(world);
-  key.rank = static_cast<std::uint32_t>(rank);
-  return key;
-}
-
-/// Owns a file descriptor. Move-only.
-class UniqueFd {
- public:
-  UniqueFd() noexcept = default;
-  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~UniqueFd() { reset(); }
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
-  /// Closes now; false if close reported an error (a delayed write error on some filesystems).
-  bool reset() noexcept {
-    if (fd_ < 0) return true;
-    return ::close(std::exchange(fd_, -1)) == 0;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-/// Reads up to `n` bytes at `offset`, retrying short reads; the count read (short only at
-/// end of file), or -1 on an I/O error.
-inline long long read_at(int fd, std::byte* out, std::size_t n, std::uint64_t offset) noexcept {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    if (got == 0) break;
-    done += static_cast<std::size_t>(got);
-  }
-  return static_cast<long long>(done);
-}
-
-/// Writes all `n` bytes, retrying short writes. False on an I/O error.
-inline bool write_all(int fd, const std::byte* in, std::size_t n) noexcept {
-  while (n != 0) {
-    const ssize_t put = ::write(fd, in, n);
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    in += put;
-    n -= static_cast<std::size_t>(put);
-  }
-  return true;
-}
-
-}  // namespace detail::disk
 
 /// How a DiskTier trades speed for durability.
 struct DiskTierOptions {
@@ -294,13 +101,13 @@ class DiskTier {
     fs::create_directories(directory_, ec);
     if (ec) fail_open("cannot be created", ec);
     if (!fs::is_directory(directory_, ec)) fail_open("is not a directory", ec);
-    dir_ = detail::disk::UniqueFd(::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    dir_ = detail::posix::UniqueFd(::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!dir_.valid()) fail_open("cannot be opened", errno_code());
     if (::faccessat(dir_.get(), ".", W_OK, 0) != 0) fail_open("is not writable", errno_code());
     const std::string quarantine(detail::disk::quarantine_dir);
     if (::mkdirat(dir_.get(), quarantine.c_str(), 0755) != 0 && errno != EEXIST)
       fail_open("cannot hold a quarantine/ subdirectory", errno_code());
-    quarantine_ = detail::disk::UniqueFd(::openat(dir_.get(), quarantine.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    quarantine_ = detail::posix::UniqueFd(::openat(dir_.get(), quarantine.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!quarantine_.valid()) fail_open("has a quarantine entry that is not a usable directory", errno_code());
     // Distinguishes this object's temporary and quarantine names from any other's.
     nonce_ = detail::mix64(static_cast<std::uint64_t>(::getpid()) ^
@@ -321,7 +128,7 @@ class DiskTier {
     if (!contains(key)) return counted_miss();
     char name[64];
     detail::disk::format_name(key, name);
-    detail::disk::UniqueFd fd(::openat(dir_.get(), name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    detail::posix::UniqueFd fd(::openat(dir_.get(), name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
     if (!fd.valid()) {
       if (errno == ENOENT) {  // erased (or replaced and erased) since the lookup
         forget(key);
@@ -337,7 +144,7 @@ class DiskTier {
     }
     if (header.payload_bytes > staging.size()) return counted_failure(false);
     const auto n = static_cast<std::size_t>(header.payload_bytes);
-    const long long got = detail::disk::read_at(fd.get(), staging.data(), n, detail::disk::header_bytes);
+    const long long got = detail::posix::read_at(fd.get(), staging.data(), n, detail::disk::header_bytes);
     if (got < 0) return counted_failure(true);
     const auto payload = std::span<const std::byte>(staging.data(), n);
     if (static_cast<std::size_t>(got) != n || detail::xxh64(payload) != header.payload_checksum) {
@@ -355,29 +162,12 @@ class DiskTier {
   bool put(const TierKey& key, std::span<const std::byte> bytes) noexcept {
     char name[64];
     if (!detail::disk::format_name(key, name)) return counted_put_failure(false);
-    std::byte header[detail::disk::header_bytes];
-    detail::disk::encode({key, bytes.size(), detail::xxh64(bytes)}, header);
+    const detail::disk::HeaderBytes header = detail::disk::encode({key, bytes.size(), detail::xxh64(bytes)});
 
     char temp[96];
-    const std::size_t prefix = detail::disk::temp_prefix.size();
-    std::memcpy(temp, detail::disk::temp_prefix.data(), prefix);
-    std::memcpy(temp + prefix, name, detail::disk::name_length);
-    char* p = temp + prefix + detail::disk::name_length;
-    *p++ = '-';
-    p = detail::disk::put_hex(p, unique(), 16);
-    *p = '\0';
-
-    detail::disk::UniqueFd fd(::openat(dir_.get(), temp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (!fd.valid()) return counted_put_failure(true);
-    bool ok = detail::disk::write_all(fd.get(), header, sizeof header) &&
-              detail::disk::write_all(fd.get(), bytes.data(), bytes.size());
-    if (ok && options_.durable) ok = ::fsync(fd.get()) == 0;
-    ok = fd.reset() && ok;
-    if (ok) ok = ::renameat(dir_.get(), temp, dir_.get(), name) == 0;
-    if (!ok) {
-      ::unlinkat(dir_.get(), temp, 0);
-      return counted_put_failure(true);
-    }
+    detail::disk::format_temp_name(name, unique(), temp);
+    const std::span<const std::byte> parts[] = {header, bytes};
+    if (!detail::posix::publish_file(dir_.get(), temp, name, parts, options_.durable)) return counted_put_failure(true);
     if (options_.durable && ::fsync(dir_.get()) != 0) io_errors_.fetch_add(1, std::memory_order_relaxed);
     {
       std::lock_guard lock(mutex_);
@@ -440,16 +230,17 @@ class DiskTier {
     return s;
   }
 
-  /// The directory given at construction.
+  /// The directory given at construction. Any thread; noexcept.
   [[nodiscard]] const std::filesystem::path& directory() const noexcept { return directory_; }
 
-  /// The file name an entry for `key` has ("" for a kind without one). For operators and tests.
+  /// The file name an entry for `key` has ("" for a kind without one; see disk_format.hpp).
+  /// For operators and tests. Any thread; allocates.
   [[nodiscard]] static std::string file_name(const TierKey& key) {
     char name[64];
     return detail::disk::format_name(key, name) ? std::string(name) : std::string();
   }
 
-  /// Where the entry for `key` lives (whether or not it exists).
+  /// Where the entry for `key` lives (whether or not it exists). Any thread; allocates.
   [[nodiscard]] std::filesystem::path path_of(const TierKey& key) const { return directory_ / file_name(key); }
 
  private:
@@ -492,36 +283,23 @@ class DiskTier {
   // Reads and validates the header of an open file against the key it must hold and the
   // file's size (a truncated file or one with trailing bytes is corrupt).
   static Check read_header(int fd, const TierKey& expected, detail::disk::Header& out) noexcept {
-    std::byte raw[detail::disk::header_bytes];
-    const long long got = detail::disk::read_at(fd, raw, sizeof raw, 0);
+    detail::disk::HeaderBytes raw;
+    const long long got = detail::posix::read_at(fd, raw.data(), raw.size(), 0);
     if (got < 0) return Check::io_error;
-    if (static_cast<std::size_t>(got) != sizeof raw) return Check::corrupt;
-    const auto header = detail::disk::decode(raw);
-    if (!header || header->key != expected) return Check::corrupt;
+    if (static_cast<std::size_t>(got) != raw.size()) return Check::corrupt;
+    const detail::disk::DecodedHeader decoded = detail::disk::decode(raw);
+    if (!decoded || decoded.header.key != expected) return Check::corrupt;
     struct stat st {};
     if (::fstat(fd, &st) != 0) return Check::io_error;
-    const auto size = static_cast<std::uint64_t>(st.st_size);
-    if (size < detail::disk::header_bytes || size - detail::disk::header_bytes != header->payload_bytes)
-      return Check::corrupt;
-    out = *header;
+    if (!detail::disk::file_size_matches(decoded.header, static_cast<std::uint64_t>(st.st_size))) return Check::corrupt;
+    out = decoded.header;
     return Check::ok;
   }
 
-  // Writes "<name>.q<unique hex>" into `out`, truncating a long foreign name.
-  void quarantine_name(std::string_view name, char (&out)[256]) noexcept {
-    const std::size_t keep = name.size() < 200 ? name.size() : 200;
-    std::memcpy(out, name.data(), keep);
-    char* p = out + keep;
-    *p++ = '.';
-    *p++ = 'q';
-    p = detail::disk::put_hex(p, unique(), 16);
-    *p = '\0';
-  }
-
-  // Moves `name` into quarantine/; counts it. Used by the opening scan (single-threaded).
+  // Moves `name` into quarantine/ under a name no other quarantined file has; counts it.
   void quarantine(const char* name) noexcept {
     char target[256];
-    quarantine_name(name, target);
+    detail::disk::format_quarantine_name(name, unique(), target);
     if (::renameat(dir_.get(), name, quarantine_.get(), target) == 0) {
       quarantined_.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -567,7 +345,7 @@ class DiskTier {
         quarantine(name.c_str());
         continue;
       }
-      detail::disk::UniqueFd fd(::openat(dir_.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+      detail::posix::UniqueFd fd(::openat(dir_.get(), name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
       if (!fd.valid()) {
         io_errors_.fetch_add(1, std::memory_order_relaxed);
         continue;
@@ -597,7 +375,7 @@ class DiskTier {
     std::uint64_t left = header.payload_bytes;
     while (left != 0) {
       const std::size_t want = left < size ? static_cast<std::size_t>(left) : size;
-      const long long got = detail::disk::read_at(fd, buffer, want, offset);
+      const long long got = detail::posix::read_at(fd, buffer, want, offset);
       if (got < 0) return Check::io_error;
       if (static_cast<std::size_t>(got) != want) return Check::corrupt;
       hash.update(std::span<const std::byte>(buffer, want));
@@ -609,8 +387,8 @@ class DiskTier {
 
   std::filesystem::path directory_;
   DiskTierOptions options_;
-  detail::disk::UniqueFd dir_;
-  detail::disk::UniqueFd quarantine_;
+  detail::posix::UniqueFd dir_;
+  detail::posix::UniqueFd quarantine_;
   std::uint64_t nonce_ = 0;
   std::atomic<std::uint64_t> counter_{0};
 

@@ -9,6 +9,11 @@
 // held for O(1) catalogue work only — never across the copy of a put (the new entry is
 // allocated and filled before the lock is taken, then published) and never while a view
 // is used. Releasing a view takes no lock at all.
+//
+// This LRU is not the index's LruHashSet (engine/detail/lru_hash_set.hpp), on purpose: that
+// one is a set of hashes capped by count, used by the scheduler thread alone with no lock;
+// this one holds byte buffers capped by bytes, shared by lanes under a lock, with entries
+// pinned by views. lru_hash_set.hpp says more.
 #pragma once
 
 #include <atomic>

@@ -12,11 +12,10 @@
 #include <optional>
 #include <vector>
 
-#include <kvfuse/completion/detail/flat_table.hpp>
+#include <kvfuse/detail/flat_map.hpp>
+#include <kvfuse/detail/ring.hpp>
 
 namespace kvfuse::detail {
-
-struct Unit {};
 
 /// Failure-dominant merge state of one load key. Value-initialised = nothing failed yet.
 struct LoadAcc {
@@ -34,7 +33,8 @@ struct SaveAcc {
 };
 
 /// Pending entries keyed by Key, each carrying an accumulator Acc (value-initialised =
-/// the merge identity), plus Key tombstones in a FIFO of fixed capacity.
+/// the merge identity), plus Key tombstones in a FIFO of fixed capacity. Every member:
+/// scheduler thread only.
 template <class Key, class Acc>
 class QuorumTable {
  public:
@@ -46,6 +46,8 @@ class QuorumTable {
     Acc acc{};
   };
 
+  /// Remembers the last `tombstone_capacity` (>= 1) settled keys; room for
+  /// `expected_pending` pending keys before the first growth. Allocates both up front.
   QuorumTable(std::size_t tombstone_capacity, std::size_t expected_pending)
       : pending_(expected_pending),
         arrivals_(expected_pending),
@@ -53,10 +55,14 @@ class QuorumTable {
         tomb_fifo_(tombstone_capacity),
         tomb_capacity_(tombstone_capacity) {}
 
+  /// Whether `key` settled recently (is among the remembered tombstones). O(1), noexcept.
   [[nodiscard]] bool tombstoned(const Key& key) const noexcept { return tomb_set_.contains(key); }
+  /// The pending entry for `key`, or nullptr. Valid until the next create or settle.
+  /// O(1), noexcept.
   [[nodiscard]] Entry* find(const Key& key) noexcept { return pending_.find(key); }
 
-  /// Creates the entry for `key` (precondition: not pending), first seen at `now`.
+  /// Creates the entry for `key` (precondition: not pending), first seen at `now`. Allocates
+  /// only past the high-water mark (may throw std::bad_alloc then).
   Entry* create(const Key& key, TimePoint now) {
     Entry* e = pending_.try_emplace(key).first;
     e->seq = ++next_seq_;
@@ -88,10 +94,10 @@ class QuorumTable {
       tomb_set_.erase(tomb_fifo_.front());
       tomb_fifo_.pop_front();
     }
-    // Neither container grows: the FIFO holds at most capacity keys and the set was sized
-    // for twice that, so these inserts cannot allocate.
+    // Neither container grows: both were sized for `capacity` keys at construction and
+    // hold at most that many, so these inserts cannot allocate.
     tomb_fifo_.push_back(key);
-    (void)tomb_set_.try_emplace(key);
+    tomb_set_.insert(key);
   }
 
   /// Keys of every pending entry for which `wanted(key, entry)` holds. May allocate.
@@ -103,8 +109,11 @@ class QuorumTable {
     });
   }
 
+  /// Keys pending now. O(1), noexcept.
   [[nodiscard]] std::size_t pending() const noexcept { return pending_.size(); }
+  /// Tombstones held (at most the capacity). O(1), noexcept.
   [[nodiscard]] std::size_t tombstones() const noexcept { return tomb_fifo_.size(); }
+  /// When the oldest still-pending key was first seen; nothing if none is pending. O(1).
   [[nodiscard]] std::optional<TimePoint> oldest_since() const noexcept {
     if (arrivals_.empty()) return std::nullopt;
     return arrivals_.front().at;
@@ -124,7 +133,7 @@ class QuorumTable {
 
   FlatMap<Key, Entry> pending_;
   Ring<Arrival> arrivals_;
-  FlatMap<Key, Unit> tomb_set_;
+  FlatSet<Key> tomb_set_;
   Ring<Key> tomb_fifo_;
   std::size_t tomb_capacity_;
   std::uint64_t next_seq_ = 0;

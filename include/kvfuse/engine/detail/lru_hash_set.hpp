@@ -5,6 +5,15 @@
 // second container whose contents could drift from the first: inserting, touching, evicting
 // and erasing all act on the one node. Internal: not part of the public API. Not
 // thread-safe; OffloadIndex calls it from the engine's scheduler thread only.
+//
+// Why this is not MemoryTier's LRU (tier/memory_tier.hpp), on purpose: the two share the
+// word and little else. This one is a set of 8-byte hashes with no value, capped by count,
+// owned by the scheduler thread with no lock; it never throws (short of memory it recycles
+// its coldest node) and reports the hash it evicted so the index can count it. The memory
+// tier maps a 32-byte TierKey to a pinned byte buffer, is capped by bytes, is shared by every
+// lane of its rank under a mutex, allocates on every put anyway, and must skip and defer
+// freeing entries a TierView is still reading. One structure for both would bring the lock,
+// reference counts and byte accounting into the index's hot path.
 #pragma once
 
 #include <algorithm>
@@ -15,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include <kvfuse/engine/detail/flat_index_map.hpp>
 #include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/detail/npos.hpp>
 
 namespace kvfuse::detail {
 
@@ -31,6 +40,8 @@ namespace kvfuse::detail {
 /// Two counts are kept by different code: `size()` by the bucket chains, `lru_length()`
 /// by the list links. OffloadIndex compares them (and its own counter) on every stats()
 /// read, an O(1) cross-check that the two views of the one structure still agree.
+///
+/// Every member: the scheduler thread only (the thread that owns the OffloadIndex).
 class LruHashSet {
  public:
   /// What insert_or_touch did.
@@ -39,6 +50,7 @@ class LruHashSet {
     touched,   ///< the hash was present; it is now most recently used
     dropped,   ///< no memory for even one node: the hash is not indexed
   };
+  /// What insert_or_touch did, and which hash it evicted to do it.
   struct InsertResult {
     Outcome outcome = Outcome::inserted;
     bool evicted = false;         ///< the least recently used hash was evicted to make room
@@ -57,6 +69,7 @@ class LruHashSet {
     }
   }
 
+  /// The most hashes the set holds. O(1).
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
   /// Hashes reachable through the bucket chains. O(1).
   [[nodiscard]] std::size_t size() const noexcept { return chained_; }

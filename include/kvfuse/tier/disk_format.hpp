@@ -1,0 +1,235 @@
+// kvfuse/tier/disk_format.hpp — what a DiskTier directory holds, byte by byte: the entry
+// file header and the file names. A compatibility promise: a directory written by one build
+// is read by the next (R18), so a change here is a new format version, never an edit.
+//
+// Entry file, format version 1: an 80-byte header, then the payload. All integers are
+// little-endian, written byte by byte (detail/little_endian.hpp), so the bytes are the same
+// on every host.
+//
+//   [0,8)    magic "KVFUSEDT" (4B 56 46 55 53 45 44 54)
+//   [8,12)   format version (1)
+//   [12,16)  header size in bytes (80)
+//   [16,24)  key.model
+//   [24,32)  key.hash
+//   [32,36)  key.world_size
+//   [36,40)  key.rank
+//   [40]     key.kind (1 = kv_chunk, 2 = state)
+//   [41,48)  zero
+//   [48,56)  payload length in bytes
+//   [56,64)  XXH64 (seed 0) of the payload
+//   [64,72)  reserved: written as zero; not checked on read (the header checksum covers it)
+//   [72,80)  XXH64 (seed 0) of header bytes [0,72)
+//   [80,…)   payload: exactly `payload length` bytes, nothing after it
+//
+// Readers refuse (never misread) a wrong magic, version or header size, a header checksum
+// that does not match, an unknown kind, nonzero padding, and a file whose size is not
+// header + payload length (truncated, or trailing bytes). The payload checksum is checked
+// by whoever reads the payload (DiskTier::get, and the opening scan unless told not to).
+//
+// File names spell the whole key, fixed-width lowercase hex, so a directory listing alone
+// rebuilds the catalogue and a file can never be served under another key:
+//
+//   kv-<model:16>-<hash:16>-<world_size:8>-<rank:8>.kvt     a kv_chunk entry (58 chars)
+//   st-<model:16>-<hash:16>-<world_size:8>-<rank:8>.kvt     a state entry
+//   .tmp-<entry name>-<16 hex>                              a put not yet published
+//   quarantine/<name cut to 200>.q<16 hex>                  a file that failed validation
+//
+// Internal: not part of the public API (DiskTier is). Pure functions: any thread, noexcept,
+// no allocation.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include <kvfuse/detail/checksum.hpp>
+#include <kvfuse/detail/little_endian.hpp>
+#include <kvfuse/tier/tier.hpp>
+
+namespace kvfuse::detail::disk {
+
+/// Bytes of the entry header; the payload starts here.
+inline constexpr std::size_t header_bytes = 80;
+/// The format version this build writes and reads.
+inline constexpr std::uint32_t format_version = 1;
+/// The first eight bytes of every entry file.
+inline constexpr char magic[8] = {'K', 'V', 'F', 'U', 'S', 'E', 'D', 'T'};
+/// Characters in an entry file name: "kv-" 16 "-" 16 "-" 8 "-" 8 ".kvt".
+inline constexpr std::size_t name_length = 58;
+/// The subdirectory files that fail validation are moved to.
+inline constexpr std::string_view quarantine_dir = "quarantine";
+/// How the name of an unpublished put begins.
+inline constexpr std::string_view temp_prefix = ".tmp-";
+
+/// The encoded form of one header.
+using HeaderBytes = std::array<std::byte, header_bytes>;
+
+/// What a header says about its file.
+struct Header {
+  TierKey key;
+  std::uint64_t payload_bytes = 0;
+  std::uint64_t payload_checksum = 0;  ///< XXH64 (seed 0) of the payload
+};
+
+/// Why decode refused a header. Checked in this order; the first failure is reported.
+enum class HeaderError : std::uint8_t {
+  none = 0,
+  bad_magic = 1,        ///< bytes [0,8) are not "KVFUSEDT": not an entry file
+  bad_version = 2,      ///< bytes [8,12) are not format_version
+  bad_header_size = 3,  ///< bytes [12,16) are not header_bytes
+  bad_checksum = 4,     ///< bytes [72,80) are not the XXH64 of bytes [0,72): a torn or corrupt header
+  bad_kind = 5,         ///< byte 40 is neither kv_chunk nor state
+  bad_padding = 6,      ///< bytes [41,48) are not zero
+};
+
+/// The result of decode: `header` is meaningful only when `error == HeaderError::none`.
+struct DecodedHeader {
+  Header header;
+  HeaderError error = HeaderError::none;
+  [[nodiscard]] bool ok() const noexcept { return error == HeaderError::none; }
+  explicit operator bool() const noexcept { return ok(); }
+};
+
+/// Encodes `h` in format version 1 (see the table above), header checksum included.
+/// Any thread; noexcept; no allocation.
+[[nodiscard]] inline HeaderBytes encode(const Header& h) noexcept {
+  HeaderBytes out{};
+  std::memcpy(out.data(), magic, sizeof magic);
+  put_le(out.data() + 8, format_version, 4);
+  put_le(out.data() + 12, header_bytes, 4);
+  put_le(out.data() + 16, h.key.model, 8);
+  put_le(out.data() + 24, h.key.hash.value, 8);
+  put_le(out.data() + 32, h.key.world_size, 4);
+  put_le(out.data() + 36, h.key.rank, 4);
+  put_le(out.data() + 40, static_cast<std::uint8_t>(h.key.kind), 1);
+  put_le(out.data() + 48, h.payload_bytes, 8);
+  put_le(out.data() + 56, h.payload_checksum, 8);
+  put_le(out.data() + 72, xxh64(std::span<const std::byte>(out.data(), 72)), 8);
+  return out;
+}
+
+/// Decodes and validates a header: magic, version, header size, checksum, kind, padding,
+/// in that order. Does not see the file, so the length check is file_size_matches. Any
+/// thread; noexcept; no allocation.
+[[nodiscard]] inline DecodedHeader decode(std::span<const std::byte, header_bytes> in) noexcept {
+  DecodedHeader d;
+  const auto kind = get_le(in.data() + 40, 1);
+  if (std::memcmp(in.data(), magic, sizeof magic) != 0) d.error = HeaderError::bad_magic;
+  else if (get_le(in.data() + 8, 4) != format_version) d.error = HeaderError::bad_version;
+  else if (get_le(in.data() + 12, 4) != header_bytes) d.error = HeaderError::bad_header_size;
+  else if (get_le(in.data() + 72, 8) != xxh64(in.first<72>())) d.error = HeaderError::bad_checksum;
+  else if (kind != static_cast<std::uint8_t>(EntryKind::kv_chunk) && kind != static_cast<std::uint8_t>(EntryKind::state))
+    d.error = HeaderError::bad_kind;
+  else
+    for (std::size_t i = 41; i < 48; ++i)
+      if (in[i] != std::byte{0}) d.error = HeaderError::bad_padding;
+  if (!d.ok()) return d;
+  d.header.key.model = get_le(in.data() + 16, 8);
+  d.header.key.hash.value = get_le(in.data() + 24, 8);
+  d.header.key.world_size = static_cast<std::uint32_t>(get_le(in.data() + 32, 4));
+  d.header.key.rank = static_cast<std::uint32_t>(get_le(in.data() + 36, 4));
+  d.header.key.kind = static_cast<EntryKind>(kind);
+  d.header.payload_bytes = get_le(in.data() + 48, 8);
+  d.header.payload_checksum = get_le(in.data() + 56, 8);
+  return d;
+}
+
+/// Whether a file of `file_size` bytes is exactly this header plus the payload it declares
+/// (false for a truncated file or one with trailing bytes). Any thread; noexcept.
+[[nodiscard]] inline bool file_size_matches(const Header& h, std::uint64_t file_size) noexcept {
+  return file_size >= header_bytes && file_size - header_bytes == h.payload_bytes;
+}
+
+/// Writes `v` as `digits` lowercase hex digits at `out`; returns the end. Any thread; noexcept.
+inline char* put_hex(char* out, std::uint64_t v, int digits) noexcept {
+  constexpr char hex[] = "0123456789abcdef";
+  for (int i = digits - 1; i >= 0; --i, v >>= 4) out[i] = hex[v & 0xf];
+  return out + digits;
+}
+
+/// Writes the entry file name of `key` (NUL-terminated) into `out`. False for a kind that
+/// has no file name (not kv_chunk or state). Any thread; noexcept; no allocation.
+inline bool format_name(const TierKey& key, char (&out)[64]) noexcept {
+  char* p = out;
+  if (key.kind == EntryKind::kv_chunk) {
+    *p++ = 'k';
+    *p++ = 'v';
+  } else if (key.kind == EntryKind::state) {
+    *p++ = 's';
+    *p++ = 't';
+  } else {
+    return false;
+  }
+  *p++ = '-';
+  p = put_hex(p, key.model, 16);
+  *p++ = '-';
+  p = put_hex(p, key.hash.value, 16);
+  *p++ = '-';
+  p = put_hex(p, key.world_size, 8);
+  *p++ = '-';
+  p = put_hex(p, key.rank, 8);
+  std::memcpy(p, ".kvt", 5);
+  return true;
+}
+
+/// Writes the name a put of an entry writes before it renames — temp_prefix, the entry name
+/// `entry` (from format_name), '-', `nonce` in 16 hex digits, NUL — into `out`. Any thread;
+/// noexcept.
+inline void format_temp_name(const char (&entry)[64], std::uint64_t nonce, char (&out)[96]) noexcept {
+  std::memcpy(out, temp_prefix.data(), temp_prefix.size());
+  char* p = out + temp_prefix.size();
+  std::memcpy(p, entry, name_length);
+  p += name_length;
+  *p++ = '-';
+  p = put_hex(p, nonce, 16);
+  *p = '\0';
+}
+
+/// Writes the name a file that failed validation gets in quarantine/ — `name` cut to 200
+/// characters, ".q", `nonce` in 16 hex digits, NUL — into `out`. Any thread; noexcept.
+inline void format_quarantine_name(std::string_view name, std::uint64_t nonce, char (&out)[256]) noexcept {
+  const std::size_t keep = name.size() < 200 ? name.size() : 200;
+  std::memcpy(out, name.data(), keep);
+  char* p = out + keep;
+  *p++ = '.';
+  *p++ = 'q';
+  p = put_hex(p, nonce, 16);
+  *p = '\0';
+}
+
+/// The key an entry file name spells, or nothing if `name` is not exactly an entry name
+/// (the canonical spelling: parse and format round-trip). Any thread; noexcept.
+inline std::optional<TierKey> parse_name(std::string_view name) noexcept {
+  if (name.size() != name_length) return std::nullopt;
+  TierKey key;
+  if (name.starts_with("kv-")) {
+    key.kind = EntryKind::kv_chunk;
+  } else if (name.starts_with("st-")) {
+    key.kind = EntryKind::state;
+  } else {
+    return std::nullopt;
+  }
+  auto field = [&](std::size_t at, int digits, std::uint64_t& v) {
+    v = 0;
+    for (int i = 0; i < digits; ++i) {
+      const char c = name[at + static_cast<std::size_t>(i)];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) return false;
+      v = v << 4 | static_cast<std::uint64_t>(d);
+    }
+    return true;
+  };
+  std::uint64_t world = 0, rank = 0;
+  if (!field(3, 16, key.model) || name[19] != '-' || !field(20, 16, key.hash.value) || name[36] != '-' ||
+      !field(37, 8, world) || name[45] != '-' || !field(46, 8, rank) || name.substr(54) != ".kvt")
+    return std::nullopt;
+  key.world_size = static_cast<std::uint32_t>(world);
+  key.rank = static_cast<std::uint32_t>(rank);
+  return key;
+}
+
+}  // namespace kvfuse::detail::disk
