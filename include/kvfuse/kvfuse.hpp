@@ -19,6 +19,7 @@
 #include <kvfuse/engine/capability.hpp>
 #include <kvfuse/engine/connector_names.hpp>
 #include <kvfuse/engine/planner.hpp>
+#include <kvfuse/engine/arbitration.hpp>
 #include <kvfuse/engine/coordinator.hpp>
 #include <kvfuse/engine/index_options.hpp>
 #include <kvfuse/engine/tickets.hpp>
@@ -56,3 +57,4 @@
 // compositions
 #include <kvfuse/compose/presets.hpp>
 #include <kvfuse/compose/multi.hpp>
+#include <kvfuse/compose/loopback_pd.hpp>

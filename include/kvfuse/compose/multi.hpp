@@ -17,29 +17,11 @@
 #include <tuple>
 #include <utility>
 
-#include <kvfuse/engine/connector_names.hpp>
 #include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/engine/arbitration.hpp>
+#include <kvfuse/engine/connector_names.hpp>
 
 namespace kvfuse {
-
-/// What Multi asks each sub when a request is admitted.
-struct AdmissionQuery {
-  RequestId request;
-  TokenCount hbm = 0;            ///< tokens already resident on the device
-  TokenCount prompt_tokens = 0;  ///< the request's prompt length
-};
-
-/// An engine-side sub-connector as Multi sees it:
-///   S::connector_name           its registered name, any spelling (static, constexpr)
-///   sub.matched_tokens(query)   tokens beyond hbm it could load; it may arm a load for them
-///   sub.cancel(request)         releases whatever matched_tokens armed (a loser's duty)
-/// All calls run on the scheduler thread and must not throw.
-template <class S>
-concept SubConnector = requires(S& sub, const AdmissionQuery& query, RequestId request) {
-  { S::connector_name } -> std::convertible_to<std::string_view>;
-  { sub.matched_tokens(query) } noexcept -> std::same_as<TokenCount>;
-  { sub.cancel(request) } noexcept;
-};
 
 namespace detail {
 /// Whether the registry knows S::connector_name in some spelling or alias (R15).
@@ -61,22 +43,6 @@ template <class... Subs>
 concept AtMostOneOffloadSub =
     KnownConnectorNames<Subs...> &&
     (count_offload_connectors(std::array<std::string_view, sizeof...(Subs)>{Subs::connector_name...}) <= 1);
-
-/// What happens to the state leg the index secured for a request (R16).
-enum class StateDisposition {
-  none,            ///< no state leg was secured
-  with_tier_load,  ///< the offload sub won the KV load: the state leg travels with it (a joint load)
-  state_only,      ///< no sub owns KV: the state leg runs alone, through the offload sub
-  released,        ///< a P/D sub won the KV load: abandon the state load (never a miss, R7),
-                   ///< disown the boundary, recompute
-};
-
-/// The outcome of one arbitration.
-struct Arbitration {
-  std::optional<std::size_t> winner;  ///< index of the sub that owns the KV load, if any
-  TokenCount tokens = 0;              ///< tokens the winner loads
-  StateDisposition state = StateDisposition::none;
-};
 
 /// A static composition of sub-connectors. Every sub's connector_name must be registered
 /// and at most one may be the offload connector (R15: compile errors naming
@@ -119,7 +85,43 @@ class Multi {
     return a;
   }
 
+  /// Starts the transfer of the P/D sub at `winner` (see PdSubConnector). False if that
+  /// sub is not a P/D sub (the offload sub's load goes through the index) or cannot start.
+  /// Scheduler thread.
+  bool start(std::size_t winner, const PdTransfer& transfer) {
+    bool started = false;
+    start_at(winner, transfer, started, std::index_sequence_for<Subs...>{});
+    return started;
+  }
+
+  /// Calls f(request, ok) for every P/D transfer that ended since the last call, sub by
+  /// sub; returns how many. Scheduler thread.
+  template <class F>
+  std::size_t drain_finished(F&& f) {
+    std::size_t n = 0;
+    drain_all(f, n, std::index_sequence_for<Subs...>{});
+    return n;
+  }
+
  private:
+  template <std::size_t... I>
+  void start_at(std::size_t winner, const PdTransfer& transfer, bool& started, std::index_sequence<I...>) {
+    ((I == winner ? start_one(std::get<I>(subs_), transfer, started) : void()), ...);
+  }
+  template <class S>
+  static void start_one(S& sub, const PdTransfer& transfer, bool& started) {
+    if constexpr (PdSubConnector<S>) started = static_cast<bool>(sub.start(transfer));
+  }
+  template <class F, std::size_t... I>
+  void drain_all(F& f, std::size_t& n, std::index_sequence<I...>) {
+    ((n += drain_one(std::get<I>(subs_), f)), ...);
+  }
+  template <class S, class F>
+  static std::size_t drain_one(S& sub, F& f) {
+    if constexpr (PdSubConnector<S>) return static_cast<std::size_t>(sub.drain_finished(f));
+    else return 0;
+  }
+
   template <std::size_t... I>
   void ask(const AdmissionQuery& query, std::array<TokenCount, size>& offered, std::index_sequence<I...>) noexcept {
     ((offered[I] = std::get<I>(subs_).matched_tokens(query)), ...);

@@ -46,13 +46,14 @@ struct ConnectorAlias {
 };
 
 /// Every canonical connector name.
-inline constexpr std::array<ConnectorInfo, 6> known_connectors{{
+inline constexpr std::array<ConnectorInfo, 7> known_connectors{{
     {"offload", ConnectorKind::offload},
     {"multi", ConnectorKind::multi},
     {"mooncake", ConnectorKind::pd},
     {"nixl", ConnectorKind::pd},
     {"p2p_nccl", ConnectorKind::pd},
     {"moriio", ConnectorKind::pd},
+    {"loopback_pd", ConnectorKind::pd},  // compose/loopback_pd.hpp: two engines in one process (tests, replay)
 }};
 
 /// Every alias. The LMCache spellings (v1 connector, the offload and multi-process

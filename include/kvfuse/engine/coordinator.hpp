@@ -30,6 +30,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <variant>
 #include <vector>
 
@@ -38,6 +39,7 @@
 #include <kvfuse/bridge/resolution.hpp>
 #include <kvfuse/bridge/save_request.hpp>
 #include <kvfuse/completion/settlement_pump.hpp>
+#include <kvfuse/engine/arbitration.hpp>
 #include <kvfuse/engine/offload_index.hpp>
 #include <kvfuse/engine/planner.hpp>
 #include <kvfuse/error.hpp>
@@ -103,6 +105,7 @@ enum class ComputeReason : std::uint8_t {
   no_slot,           ///< a stateful plan but the request has no slot
   bad_request,       ///< the chunk keys or blocks do not cover the plan's range
   already_parked,    ///< the request already waits on a load
+  transfer_refused,  ///< a P/D sub won the KV load but could not start its transfer
 };
 
 /// Short, stable name of a ComputeReason. Thread-safe, noexcept.
@@ -113,6 +116,7 @@ constexpr std::string_view to_string(ComputeReason r) noexcept {
     case ComputeReason::no_slot: return "no_slot";
     case ComputeReason::bad_request: return "bad_request";
     case ComputeReason::already_parked: return "already_parked";
+    case ComputeReason::transfer_refused: return "transfer_refused";
   }
   return "unknown_reason";
 }
@@ -126,6 +130,8 @@ struct AdmitDecision {
   ComputeReason reason = ComputeReason::planned_no_load;  ///< why not (compute only)
   NoLoadReason no_load = NoLoadReason::lookup_within_hbm; ///< planned_no_load only
   LoadRefusal refusal = LoadRefusal::none;                ///< index_refused only
+  std::optional<std::size_t> sub;  ///< admitted through a composition: the sub that owns the KV load
+  bool state_released = false;     ///< a P/D sub won: the servable state leg was released (R16)
 };
 
 /// One request the scheduler resumes. `tokens` = what the load restored (the request
@@ -164,6 +170,7 @@ struct CoordinatorStats {
   std::uint64_t holding_now = 0;       ///< requests whose resources wait for their ranks now
   std::uint64_t overdue = 0;           ///< loads the last tick() found in flight past the threshold
   std::uint64_t sources_pinned = 0;    ///< saves whose source some rank could not confirm free: kept pinned, never released
+  std::uint64_t state_legs_released = 0;  ///< admissions where a P/D sub won and a servable state leg was released (R16)
   std::uint64_t invariant_violations = 0;  ///< stats() audits that failed, plus double unparks
 };
 
@@ -210,6 +217,70 @@ class Coordinator {
     ++admitted_;
     AdmitDecision d;
     if (parked_.contains(req.id)) return compute(d, ComputeReason::already_parked);
+    d.plan = plan(req);
+    if (const auto* no = std::get_if<NoLoad>(&d.plan)) {
+      d.no_load = no->reason;
+      return compute(d, ComputeReason::planned_no_load);
+    }
+    return dispatch_plan(req, d);
+  }
+
+  /// admit() through a composition (R16): the tier's plan becomes the offload sub's offer,
+  /// the composition picks the first sub that loads KV, and its losers cancel.
+  ///   - the offload sub wins: the planned load, state leg included, as admit() does;
+  ///   - a P/D sub wins: its transfer starts and the request parks on it; a state leg the
+  ///     tier could have served is released (no ticket is ever taken for it, the boundary is
+  ///     disowned) and the request recomputes from 0 when the transfer ends — a stateful
+  ///     model cannot resume from KV alone; counted in state_legs_released;
+  ///   - no sub loads KV but a state leg is servable: a state-only load through the tier;
+  ///   - otherwise: compute.
+  /// A parked request unparks on its owning load's single settlement — the index's, or the
+  /// P/D transfer's (step(arbiter) drains those). Scheduler thread.
+  template <KvArbiter A>
+  AdmitDecision admit(const AdmitRequest& req, A& arbiter, OffloadSub& tier) {
+    ++admitted_;
+    AdmitDecision d;
+    if (parked_.contains(req.id)) return compute(d, ComputeReason::already_parked);
+    d.plan = plan(req);
+    const bool secured = state_boundary(d.plan).has_value() && req.slot.has_value();
+    tier.offer = offer_of(d.plan, req.hbm);
+    const Arbitration a = arbiter.arbitrate(AdmissionQuery{req.id, req.hbm, req.prompt_tokens}, secured);
+    d.sub = a.winner;
+    if (a.winner && a.winner == A::tier_sub) return dispatch_plan(req, d);
+    if (a.winner) {
+      if (!static_cast<bool>(arbiter.start(*a.winner, PdTransfer{req.id, req.hbm, a.tokens, req.blocks})))
+        return compute(d, ComputeReason::transfer_refused);
+      d.state_released = secured;
+      state_legs_released_ += secured ? 1 : 0;
+      d.parked = true;
+      d.claimed_tokens = options_.layout == StateLayout::none ? req.hbm + a.tokens : 0;
+      parked_.emplace(req.id, Parked{LoadKey{}, d.claimed_tokens, false, true});
+      ++parked_count_;
+      ++pd_parked_;
+      return d;
+    }
+    if (a.state == StateDisposition::state_only && std::holds_alternative<StateOnlyLoad>(d.plan))
+      return dispatch_plan(req, d);
+    if (const auto* no = std::get_if<NoLoad>(&d.plan)) d.no_load = no->reason;
+    return compute(d, ComputeReason::planned_no_load);
+  }
+
+  /// step() for a coordinator that admits through `arbiter`: the P/D transfers that ended
+  /// unpark their requests (or release torn-down ones) in the same step. Scheduler thread.
+  template <KvArbiter A>
+  StepResult step(A& arbiter, typename Pump::TimePoint now = Pump::TimePoint::clock::now()) {
+    StepResult r = step(now);
+    (void)arbiter.drain_finished([this](RequestId id, bool ok) { on_transfer(id, ok); });
+    released_total_ += release_ready_.size();  // released by a transfer's end: out in this step
+    released_.insert(released_.end(), release_ready_.begin(), release_ready_.end());
+    release_ready_.clear();
+    r.unparked = unparked_;
+    r.released = released_;
+    return r;
+  }
+
+ private:
+  LoadPlan plan(const AdmitRequest& req) {
     const TokenCount lookup_tokens = lookup_tokens_for(req);
     note_request(req.id, lookup_tokens);
     servable_.clear();
@@ -218,11 +289,36 @@ class Coordinator {
         if (index_.could_serve(c.hash)) servable_.push_back(c.boundary);
     const PlanInput in{req.prompt_tokens, req.hbm, lookup_tokens, servable_, options_.layout, options_.grids,
                        options_.min_load_tokens};
-    d.plan = plan_load(in);
-    if (const auto* no = std::get_if<NoLoad>(&d.plan)) {
-      d.no_load = no->reason;
-      return compute(d, ComputeReason::planned_no_load);
+    return plan_load(in);
+  }
+
+  // The KV tokens beyond hbm the tier's plan restores: what the offload sub offers.
+  static TokenCount offer_of(const LoadPlan& p, TokenCount hbm) noexcept {
+    if (std::holds_alternative<KvOnlyLoad>(p) || std::holds_alternative<JointLoad>(p)) return claimed_tokens(p) - hbm;
+    return 0;
+  }
+
+  // A P/D transfer ended: unpark its request (tokens only for a dense model), or release a
+  // torn-down one now that nothing writes its blocks.
+  void on_transfer(RequestId id, bool ok) {
+    if (pd_holding_.erase(id) > 0) {
+      release_when_free(id);
+      return;
     }
+    const auto it = parked_.find(id);
+    if (it == parked_.end() || !it->second.transfer) {
+      ++violations_;  // a transfer nobody waits on
+      return;
+    }
+    const TokenCount tokens = ok ? it->second.claims : 0;
+    parked_.erase(it);
+    --pd_parked_;
+    ++unparked_total_;
+    if (tokens > 0) ++unparked_with_tokens_;
+    unparked_.push_back(Unpark{id, tokens, ok ? Resolution::completed : Resolution::failed, false});
+  }
+
+  AdmitDecision dispatch_plan(const AdmitRequest& req, AdmitDecision& d) {
     std::optional<KvSpec> kv;
     if (const auto tokens = kv_tokens(d.plan)) {
       const IndexRange chunks = chunk_range(d.plan, options_.grids);
@@ -264,6 +360,7 @@ class Coordinator {
     return d;
   }
 
+ public:
   /// One scheduler step: pumps every rank's records into the index, then turns the index's
   /// resolutions into Unpark events (each parked request exactly once) and release events
   /// (torn-down requests whose load ended; finished requests whose save source every rank
@@ -287,6 +384,14 @@ class Coordinator {
   /// unless a save still reads its blocks. Scheduler thread.
   void teardown(RequestId id) {
     if (const auto it = parked_.find(id); it != parked_.end()) {
+      if (it->second.transfer) {
+        // A P/D transfer may still write its blocks: they come back when it ends.
+        parked_.erase(it);
+        --pd_parked_;
+        ++torn_down_;
+        pd_holding_.insert(id);
+        return;
+      }
       const LoadKey key = it->second.key;
       if (!it->second.dropped) --parked_in_flight_;
       parked_.erase(it);
@@ -370,7 +475,7 @@ class Coordinator {
     const std::uint64_t live_in_flight = is.in_flight - is.orphaned;
     const std::uint64_t waiting = index_.pending_resolutions();
     if (parked_in_flight_ < live_in_flight || parked_in_flight_ > live_in_flight + waiting ||
-        parked_in_flight_ > parked_.size() || is.outstanding != is.in_flight)
+        parked_in_flight_ + pd_parked_ > parked_.size() || is.outstanding != is.in_flight)
       ++violations_;
     CoordinatorStats s;
     s.admitted = admitted_;
@@ -384,7 +489,8 @@ class Coordinator {
     s.saves_submitted = saves_submitted_;
     s.saves_skipped = saves_skipped_;
     s.waiting_now = parked_.size();
-    s.holding_now = holding_.size();
+    s.holding_now = holding_.size() + pd_holding_.size();
+    s.state_legs_released = state_legs_released_;
     s.overdue = overdue_;
     s.sources_pinned = sources_pinned_;
     s.invariant_violations = violations_;
@@ -400,7 +506,8 @@ class Coordinator {
   struct Parked {
     LoadKey key;
     TokenCount claims = 0;
-    bool dropped = false;  // the transport dropped it; the index already failed it
+    bool dropped = false;   // the transport dropped it; the index already failed it
+    bool transfer = false;  // parked on a P/D sub's transfer, not on an index load
   };
   struct RequestState {
     TokenCount watermark = 0;        // KV below it is known to be in the tier (chunk grid)
@@ -560,7 +667,8 @@ class Coordinator {
   std::vector<RequestId> release_ready_;  // released since the last step; handed out by the next
   std::vector<LoadKey> torn_down_keys_;
   std::vector<OverdueLoad> overdue_list_;
-  std::uint64_t parked_in_flight_ = 0;
+  std::uint64_t parked_in_flight_ = 0, pd_parked_ = 0, state_legs_released_ = 0;
+  std::unordered_set<RequestId> pd_holding_;  // torn down while a P/D transfer may still write its blocks
   std::uint64_t admitted_ = 0, parked_count_ = 0, computed_ = 0, unparked_total_ = 0, unparked_with_tokens_ = 0;
   std::uint64_t transport_drops_ = 0, torn_down_ = 0, released_total_ = 0, saves_submitted_ = 0, saves_skipped_ = 0;
   std::uint64_t overdue_ = 0, sources_pinned_ = 0;
