@@ -72,10 +72,15 @@ struct Transport {
 template <class Conn>
 struct Lookup {
   std::vector<std::unique_ptr<Rank<Conn>>>* ranks = nullptr;
-  std::size_t operator()(std::span<const PrefixHash> keys) const {
+  bool evict_after_next = false;  // the tier loses what it just reported (between lookup and dispatch)
+  std::size_t operator()(std::span<const PrefixHash> keys) {
     const RankGeometry& g = (*ranks)[0]->pools.geo;
     std::size_t n = 0;
     while (n < keys.size() && (*ranks)[0]->tier.contains(TierKey{g.model, keys[n], g.world_size, 0, EntryKind::kv_chunk})) ++n;
+    if (std::exchange(evict_after_next, false))
+      for (auto& rank : *ranks)
+        for (std::size_t i = 0; i < n; ++i)
+          (void)rank->tier.erase(TierKey{g.model, keys[i], g.world_size, rank->pools.geo.rank, EntryKind::kv_chunk});
     return n;
   }
 };

@@ -152,6 +152,26 @@ TEST_CASE("coordinator: a load dropped at build time is a failed settlement in t
   CHECK(e.coord.stats().invariant_violations == 0);
 }
 
+TEST_CASE("coordinator: the tier losing the prefix between lookup and dispatch is a failed load and a recompute") {
+  Engine<K3> e;
+  const Prompt p(31, 3);
+  save_prompt(e, RequestId{1}, p, 176);
+  e.lookup.evict_after_next = true;
+  REQUIRE(e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, SlotId{2}}).parked);
+  REQUIRE(e.step_until([&] { return e.unparks_of(RequestId{2}) == 1; }));
+  CHECK(e.unparked.back().tokens == 0);
+  CHECK(e.unparked.back().kind == Resolution::failed);
+  CHECK_FALSE(e.unparked.back().state_missed);  // the KV went missing, the state did not: nothing retracted
+  CHECK(e.index.could_serve(p.hash_at(176)));
+  CHECK(e.coord.stats().invariant_violations == 0);
+  // The failed load lowered the save watermark: finishing saves the chunks again.
+  const std::vector<BlockId> blocks = block_range(20, 13);
+  forward(e, p, blocks, SlotId{2}, 176);
+  CHECK(e.coord.finish(FinishRequest{RequestId{2}, p.tokens, p.keys, blocks, Checkpoint{176, p.hash_at(176)}, SlotId{2}}) == 2);
+  REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}) && e.index.stats().saves_outstanding == 0; }));
+  CHECK(e.lookup(std::span<const PrefixHash>(p.keys).first(3)) == 3);  // the tier holds the prefix again
+}
+
 TEST_CASE("coordinator: a load that never hears back is reported by tick and never released") {
   Engine<Dense> e;
   const Prompt p(17, 3);
