@@ -56,3 +56,4 @@
 // compositions
 #include <kvfuse/compose/presets.hpp>
 #include <kvfuse/compose/multi.hpp>
+#include <kvfuse/compose/configured.hpp>
