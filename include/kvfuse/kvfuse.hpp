@@ -20,6 +20,7 @@
 #include <kvfuse/engine/connector_names.hpp>
 #include <kvfuse/engine/planner.hpp>
 #include <kvfuse/engine/arbitration.hpp>
+#include <kvfuse/engine/coordinator_types.hpp>
 #include <kvfuse/engine/coordinator.hpp>
 #include <kvfuse/engine/index_options.hpp>
 #include <kvfuse/engine/tickets.hpp>
@@ -58,3 +59,4 @@
 #include <kvfuse/compose/presets.hpp>
 #include <kvfuse/compose/multi.hpp>
 #include <kvfuse/compose/loopback_pd.hpp>
+#include <kvfuse/compose/configured.hpp>

@@ -1,0 +1,153 @@
+// kvfuse/engine/coordinator_types.hpp — what the engine and the Coordinator say to each
+// other (docs/reference.md#coordinator): the transport and lookup it is given, the
+// requests it admits and finishes, and what it answers. Plain data and concepts; the
+// Coordinator itself is engine/coordinator.hpp.
+//
+// Threading: plain data; the transport and the lookup are called on the scheduler thread.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/bridge/load_request.hpp>
+#include <kvfuse/bridge/resolution.hpp>
+#include <kvfuse/bridge/save_request.hpp>
+#include <kvfuse/engine/planner.hpp>
+#include <kvfuse/engine/tickets.hpp>
+
+namespace kvfuse {
+
+/// How the coordinator reaches the ranks: `send(x) -> bool` for a LoadRequest, a KvSave
+/// and a StateSave. True: the data is on its way to every rank (each will report, R1).
+/// False: it was dropped before any rank could see it (the transport is down, or the
+/// connector found at build time that the tier lost the prefix); the coordinator then
+/// resolves it itself in the same step, so nothing waits for records that never come.
+/// Called on the scheduler thread; must not call back into the coordinator.
+template <class T>
+concept CoordinatorTransport = requires(T& t, const LoadRequest& load, const KvSave& kv, const StateSave& state) {
+  { t.send(load) } -> std::convertible_to<bool>;
+  { t.send(kv) } -> std::convertible_to<bool>;
+  { t.send(state) } -> std::convertible_to<bool>;
+};
+
+/// The tier's KV lookup the engine provides: how many leading chunks of `keys` the tier
+/// holds (for example, asked of rank 0's tier, as LMCache asks its first worker; ranks
+/// whose tiers diverge are the quorum's business). Scheduler thread.
+template <class L>
+concept KvLookup = requires(L& lookup, std::span<const PrefixHash> keys) {
+  { lookup(keys) } -> std::convertible_to<std::size_t>;
+};
+
+/// A state checkpoint the engine can name: its boundary B (on the block grid) and the
+/// prefix hash of the tokens before it.
+struct Checkpoint {
+  TokenCount boundary = 0;
+  PrefixHash hash;
+  friend constexpr bool operator==(const Checkpoint&, const Checkpoint&) = default;
+};
+
+/// What the engine tells the coordinator about a request it admits. The spans are read
+/// during the call only.
+struct AdmitRequest {
+  RequestId id;
+  TokenCount prompt_tokens = 0;             ///< P
+  TokenCount hbm = 0;                       ///< tokens already resident (prefix-cache hit), on the block grid
+  std::span<const PrefixHash> chunk_keys;   ///< the prompt's chunk keys, chunk i covering [i*chunk, (i+1)*chunk)
+  std::span<const BlockId> blocks;          ///< the request's block table, block i holding [i*block, (i+1)*block)
+  std::span<const Checkpoint> checkpoints;  ///< candidate state boundaries (stateful models)
+  std::optional<SlotId> slot;               ///< the request's state slot (stateful models)
+};
+
+/// What the engine tells the coordinator when a request finished (or at any point it
+/// wants its progress saved). Spans are read during the call only.
+struct FinishRequest {
+  RequestId id;
+  TokenCount computed_tokens = 0;           ///< the frontier: KV exists for [0, computed_tokens)
+  std::span<const PrefixHash> chunk_keys;   ///< as in AdmitRequest, covering at least the frontier
+  std::span<const BlockId> blocks;          ///< as in AdmitRequest
+  std::optional<Checkpoint> checkpoint;     ///< the state to save (stateful), with its slot below
+  std::optional<SlotId> slot;
+};
+
+/// Why admit() did not park the request: compute it now.
+enum class ComputeReason : std::uint8_t {
+  planned_no_load,   ///< the planner chose no load (see `no_load`)
+  index_refused,     ///< the index refused the ticket (see `refusal`)
+  no_slot,           ///< a stateful plan but the request has no slot
+  bad_request,       ///< the chunk keys or blocks do not cover the plan's range
+  already_parked,    ///< the request already waits on a load
+  transfer_refused,  ///< a P/D sub won the KV load but could not start its transfer
+};
+
+/// Short, stable name of a ComputeReason. Thread-safe, noexcept.
+constexpr std::string_view to_string(ComputeReason r) noexcept {
+  switch (r) {
+    case ComputeReason::planned_no_load: return "planned_no_load";
+    case ComputeReason::index_refused: return "index_refused";
+    case ComputeReason::no_slot: return "no_slot";
+    case ComputeReason::bad_request: return "bad_request";
+    case ComputeReason::already_parked: return "already_parked";
+    case ComputeReason::transfer_refused: return "transfer_refused";
+  }
+  return "unknown_reason";
+}
+
+/// The answer of admit(): parked on a load, or compute now.
+struct AdmitDecision {
+  bool parked = false;
+  LoadPlan plan = NoLoad{};
+  LoadKey key{};                          ///< the load it waits on (parked only)
+  TokenCount claimed_tokens = 0;          ///< what the load gives back if it completes (parked only)
+  ComputeReason reason = ComputeReason::planned_no_load;  ///< why not (compute only)
+  NoLoadReason no_load = NoLoadReason::lookup_within_hbm; ///< planned_no_load only
+  LoadRefusal refusal = LoadRefusal::none;                ///< index_refused only
+  std::optional<std::size_t> sub;  ///< admitted through a composition: the sub that owns the KV load
+  bool state_released = false;     ///< a P/D sub won: the servable state leg was released (R16)
+};
+
+/// One request the scheduler resumes. `tokens` = what the load restored (the request
+/// continues from there); 0 = recompute from the start (the load failed, was abandoned, or
+/// the state leg was released).
+struct Unpark {
+  RequestId request;
+  TokenCount tokens = 0;
+  Resolution kind = Resolution::completed;
+  bool state_missed = false;
+  friend constexpr bool operator==(const Unpark&, const Unpark&) = default;
+};
+
+/// Construction options of a Coordinator. Checked at construction: a bad value is a
+/// kvfuse::Error naming it.
+struct CoordinatorOptions {
+  StateLayout layout = StateLayout::none;  ///< the model's shape
+  PlanGrids grids;                          ///< must match every rank's geometry
+  TokenCount min_load_tokens = 0;           ///< passed to the planner
+  std::size_t expected_requests = 1024;     ///< sizes the tables so steady state never rehashes
+};
+
+/// Counters and gauges of a Coordinator, read in O(1).
+struct CoordinatorStats {
+  std::uint64_t admitted = 0;          ///< admit() calls
+  std::uint64_t parked = 0;            ///< admissions that parked on a load
+  std::uint64_t computed = 0;          ///< admissions told to compute now
+  std::uint64_t unparked = 0;          ///< Unpark events handed out
+  std::uint64_t unparked_with_tokens = 0;  ///< ... of which resumed from a load
+  std::uint64_t transport_drops = 0;   ///< loads and saves the transport dropped (resolved here)
+  std::uint64_t torn_down = 0;         ///< teardown() of a parked request
+  std::uint64_t released = 0;          ///< release events handed out (blocks and slot free)
+  std::uint64_t saves_submitted = 0;   ///< KV and state saves sent
+  std::uint64_t saves_skipped = 0;     ///< finish() that saved nothing: a load or a save in flight, or nothing new
+  std::uint64_t waiting_now = 0;       ///< parked requests now
+  std::uint64_t holding_now = 0;       ///< requests whose resources wait for their ranks now
+  std::uint64_t overdue = 0;           ///< loads the last tick() found in flight past the threshold
+  std::uint64_t sources_pinned = 0;    ///< saves whose source some rank could not confirm free: kept pinned, never released
+  std::uint64_t state_legs_released = 0;  ///< admissions where a P/D sub won and a servable state leg was released (R16)
+  std::uint64_t invariant_violations = 0;  ///< stats() audits that failed, plus double unparks
+};
+
+}  // namespace kvfuse
