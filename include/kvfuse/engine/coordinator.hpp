@@ -11,6 +11,7 @@
 //   finish(request)   submit the KV save (whole chunks up to the chunk-floored frontier) and
 //                     the state checkpoint; blocks are released on every rank's `released`
 //   tick(now)         reclaim aged orphans; report loads in flight past a threshold
+//   admit/step(arbiter)  the same through a composition (Multi): R16 arbitration, P/D transfers
 //
 // It owns no fact the index owns. Its own bookkeeping is the parked table (request ->
 // its one live load key), the requests whose resources wait for their ranks, and the
@@ -84,9 +85,10 @@ class Coordinator {
 
   /// Plans the request's load, takes a ticket, dispatches it through the transport and
   /// parks the request — or says "compute now" with the reason. Every admitted request
-  /// ends with finish() or teardown(), which releases what the coordinator tracks for it. A request parked here
-  /// always has exactly one live load that will settle: a load the transport dropped is
-  /// failed at once and unparks (recompute) on the next step. Scheduler thread.
+  /// ends with finish() or teardown(), which releases what the coordinator tracks for it.
+  /// A request parked here always has exactly one live load that will settle: a load the
+  /// transport dropped is failed at once and unparks (recompute) on the next step.
+  /// Scheduler thread.
   AdmitDecision admit(const AdmitRequest& req) {
     ++admitted_;
     AdmitDecision d;
