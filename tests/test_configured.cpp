@@ -50,20 +50,7 @@ void expect_error(const DeploymentOptions& o, ErrorCode code, std::initializer_l
   }
 }
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string templ = (std::filesystem::temp_directory_path() / "kvfuse-configured-XXXXXX").string();
-    REQUIRE(::mkdtemp(templ.data()) != nullptr);
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
+using TempDir = testing::TempDir;  // TempDir dir; / dir.path
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // The disk tier's on-disk format (tier/disk_format.hpp): golden bytes, and refusal of every
 // header defect. The expected bytes below were computed outside kvfuse (an independent
 // XXH64 checked against the reference vectors), so they pin the format, not the code.
+#include "test_support.hpp"
 #include <doctest/doctest.h>
 
 #include <kvfuse/detail/checksum.hpp>
@@ -79,20 +80,7 @@ bool same_header(const disk::Header& a, const disk::Header& b) {
   return a.key == b.key && a.payload_bytes == b.payload_bytes && a.payload_checksum == b.payload_checksum;
 }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "kvfuse-format-XXXXXX").string();
-    REQUIRE(::mkdtemp(templ.data()) != nullptr);
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
+using TempDir = testing::TempDir;  // TempDir dir; / dir.path
 
 }  // namespace
 

@@ -1,5 +1,6 @@
 // DiskTier: file format, atomic puts, restart (R18), quarantine, and the checksum it uses.
 #include "tier_test_support.hpp"
+#include "test_support.hpp"
 #include <doctest/doctest.h>
 
 #include <kvfuse/detail/checksum.hpp>
@@ -26,21 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory per test (mkdtemp), removed with everything in it at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "kvfuse-disk-XXXXXX").string();
-    REQUIRE(::mkdtemp(templ.data()) != nullptr);
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
+using TempDir = testing::TempDir;  // TempDir dir; / dir.path
 
 std::vector<std::byte> read_file(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -1,11 +1,17 @@
 // Helpers several test files share: a gate a thread (or an emulated stream) blocks on until
-// the test opens it, a bounded poll, and a clock the test sets by hand. Every wait is
+// the test opens it, a bounded poll, a clock the test sets by hand, and a temporary
+// directory. Every wait is
 // bounded (10 s by default) so a broken implementation fails its test instead of hanging.
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <stdlib.h>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -64,6 +70,23 @@ struct ManualClock {
   using time_point = std::chrono::time_point<ManualClock>;
   static inline time_point current{};
   static time_point now() noexcept { return current; }
+};
+
+/// A fresh directory (mkdtemp, named after `prefix`), removed with everything in it at the
+/// end of the scope. Tests that write real files (DiskTier) get one each.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const char* prefix = "kvfuse") {
+    std::string templ = (std::filesystem::temp_directory_path() / (std::string(prefix) + "-XXXXXX")).string();
+    if (::mkdtemp(templ.data()) == nullptr) throw std::filesystem::filesystem_error("mkdtemp", std::error_code(errno, std::generic_category()));
+    path = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
 };
 
 }  // namespace kvfuse::testing

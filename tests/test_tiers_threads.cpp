@@ -5,6 +5,7 @@
 // derived from the version. A reader can therefore prove, for any view it gets, that the
 // bytes are exactly what some put stored for that very key — not a torn mix of two puts,
 // not another key's entry, not memory that was freed and reused.
+#include "test_support.hpp"
 #include <doctest/doctest.h>
 
 #include <kvfuse/tier/disk_tier.hpp>
@@ -79,18 +80,7 @@ struct CountingSource {
   }
 };
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string templ = (fs::temp_directory_path() / "kvfuse-threads-XXXXXX").string();
-    REQUIRE(::mkdtemp(templ.data()) != nullptr);
-    path = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = testing::TempDir;  // TempDir dir; / dir.path
 
 }  // namespace
 

@@ -167,13 +167,13 @@ class OffloadIndex final : private detail::TicketSink {
         if (entries_.size() == entries_.capacity()) entries_.reserve(std::max<std::size_t>(64, 2 * entries_.size()));
         entries_.emplace_back();
         e = static_cast<std::uint32_t>(entries_.size() - 1);
-        entries_[e].link_next = detail::npos32;
+        entries_[e].free_next = detail::npos32;
         free_entry_ = e;  // now on the free list, popped below
       }
     } catch (...) {
       return refuse(LoadRefusal::out_of_memory);
     }
-    free_entry_ = entries_[e].link_next;
+    free_entry_ = entries_[e].free_next;
 
     const LoadKey key{request, generations_.next()};
     Entry& en = entries_[e];
@@ -258,7 +258,7 @@ class OffloadIndex final : private detail::TicketSink {
     en.orphaned = true;
     en.orphaned_at = Clock::now();
     requests_.erase(key.request);
-    orphan_link_sorted(e);
+    link_sorted<&Entry::orphan_links, &Entry::orphaned_at>(orphans_, e);
     ++orphaned_;
     return true;
   }
@@ -271,8 +271,8 @@ class OffloadIndex final : private detail::TicketSink {
   std::size_t reclaim(time_point now, duration timeout) noexcept {
     if (!(duration::zero() < timeout)) return 0;
     std::size_t n = 0;
-    while (orphan_head_ != detail::npos32) {
-      const std::uint32_t e = orphan_head_;
+    while (orphans_.head != detail::npos32) {
+      const std::uint32_t e = orphans_.head;
       if (now - entries_[e].orphaned_at < timeout) break;  // sorted by orphan time: the rest are younger
       forgotten_.push_back(entries_[e].key);
       resolve(e, Resolution::reclaimed, false);
@@ -335,7 +335,7 @@ class OffloadIndex final : private detail::TicketSink {
   std::size_t report_overdue(time_point now, duration threshold, F&& visit) noexcept(
       std::is_nothrow_invocable_v<F&, const OverdueLoad&>) {
     std::size_t n = 0;
-    for (std::uint32_t e = flight_head_; e != detail::npos32; e = entries_[e].flight_next) {
+    for (std::uint32_t e = flight_.head; e != detail::npos32; e = entries_[e].flight_links.next) {
       const duration age = now - entries_[e].dispatched_at;
       if (age < threshold) break;  // dispatch-ordered: the rest are younger
       visit(OverdueLoad{entries_[e].key, std::chrono::duration_cast<std::chrono::nanoseconds>(age), entries_[e].orphaned});
@@ -482,7 +482,7 @@ class OffloadIndex final : private detail::TicketSink {
     s.saves_refused = saves_refused_;
     const bool ok = s.dispatched == s.completed + s.failed + s.abandoned + s.outstanding &&
                     s.reclaimed <= s.abandoned && s.outstanding == keys_.size() && s.in_flight <= s.outstanding &&
-                    s.in_flight == flight_count_ && s.orphaned == orphan_count_ && s.orphaned <= s.in_flight &&
+                    s.in_flight == flight_.count && s.orphaned == orphans_.count && s.orphaned <= s.in_flight &&
                     s.indexed == hashes_.size() && hashes_.size() == hashes_.lru_length() &&
                     s.indexed <= options_.hash_capacity &&
                     s.saves_issued == s.saves_stored + s.saves_failed + s.saves_abandoned + s.saves_outstanding;
@@ -501,15 +501,27 @@ class OffloadIndex final : private detail::TicketSink {
  private:
   enum class Status : std::uint8_t { free, ticketed, in_flight };
 
+  // Two intrusive lists thread the entries in time order: orphans by orphan time (reclaim
+  // stops at the first young one) and loads in flight by dispatch time (report_overdue
+  // stops likewise). One algorithm serves both, parameterised by the entry's links and time.
+  struct Links {
+    std::uint32_t prev = detail::npos32;
+    std::uint32_t next = detail::npos32;
+  };
+  struct TimeList {
+    std::uint32_t head = detail::npos32;  // oldest
+    std::uint32_t tail = detail::npos32;  // newest
+    std::uint64_t count = 0;              // kept by the list code, audited against the counters
+  };
+
   struct Entry {
     LoadKey key{};
     StateSpec leg{};
     time_point orphaned_at{};
     time_point dispatched_at{};
-    std::uint32_t link_prev = detail::npos32;    // orphan list
-    std::uint32_t link_next = detail::npos32;    // orphan list, or the free list
-    std::uint32_t flight_prev = detail::npos32;  // in-flight list, in dispatch order
-    std::uint32_t flight_next = detail::npos32;
+    Links orphan_links{};   // the orphan list, in orphan-time order
+    Links flight_links{};   // the in-flight list, in dispatch order
+    std::uint32_t free_next = detail::npos32;  // the free list
     Status status = Status::free;
     bool has_state = false;
     bool orphaned = false;
@@ -588,10 +600,10 @@ class OffloadIndex final : private detail::TicketSink {
     --outstanding_;
     if (en.status == Status::in_flight) {
       --in_flight_;
-      flight_unlink(e);
+      unlink<&Entry::flight_links>(flight_, e);
     }
     if (en.orphaned) {
-      orphan_unlink(e);
+      unlink<&Entry::orphan_links>(orphans_, e);
       --orphaned_;
     } else {
       requests_.erase(en.key.request);
@@ -602,8 +614,7 @@ class OffloadIndex final : private detail::TicketSink {
     resolutions_.push_back(LoadResolution{en.key, kind, missed, en.orphaned, en.status == Status::in_flight});
     en.status = Status::free;
     en.orphaned = false;
-    en.link_prev = detail::npos32;
-    en.link_next = free_entry_;
+    en.free_next = free_entry_;
     free_entry_ = e;
     if (release) release_slot(slot);
   }
@@ -617,52 +628,29 @@ class OffloadIndex final : private detail::TicketSink {
     }
   }
 
-  // Keeps the orphan list sorted by orphan time, so reclaim can stop at the first young
-  // orphan. With a monotonic clock every new orphan goes at the tail in O(1).
-  void orphan_link_sorted(std::uint32_t e) noexcept {
-    std::uint32_t after = orphan_tail_;
-    while (after != detail::npos32 && entries_[e].orphaned_at < entries_[after].orphaned_at) {
+  // Links `e` into `list` in time order. With a monotonic clock a new entry goes at the
+  // tail in O(1); a clock that went back walks back k entries (counted as walk steps).
+  template <Links Entry::*L, time_point Entry::*T>
+  void link_sorted(TimeList& list, std::uint32_t e) noexcept {
+    std::uint32_t after = list.tail;
+    while (after != detail::npos32 && entries_[e].*T < entries_[after].*T) {
       ++own_walks_;
-      after = entries_[after].link_prev;
+      after = (entries_[after].*L).prev;
     }
-    const std::uint32_t before = after == detail::npos32 ? orphan_head_ : entries_[after].link_next;
-    entries_[e].link_prev = after;
-    entries_[e].link_next = before;
-    if (after == detail::npos32) orphan_head_ = e; else entries_[after].link_next = e;
-    if (before == detail::npos32) orphan_tail_ = e; else entries_[before].link_prev = e;
-    ++orphan_count_;
+    const std::uint32_t before = after == detail::npos32 ? list.head : (entries_[after].*L).next;
+    entries_[e].*L = Links{after, before};
+    if (after == detail::npos32) list.head = e; else (entries_[after].*L).next = e;
+    if (before == detail::npos32) list.tail = e; else (entries_[before].*L).prev = e;
+    ++list.count;
   }
 
-  // The in-flight list, in dispatch order, for report_overdue. With a monotonic clock a
-  // dispatch appends at the tail in O(1); a clock that went back walks back k entries.
-  void flight_link_sorted(std::uint32_t e) noexcept {
-    std::uint32_t after = flight_tail_;
-    while (after != detail::npos32 && entries_[e].dispatched_at < entries_[after].dispatched_at) {
-      ++own_walks_;
-      after = entries_[after].flight_prev;
-    }
-    const std::uint32_t before = after == detail::npos32 ? flight_head_ : entries_[after].flight_next;
-    entries_[e].flight_prev = after;
-    entries_[e].flight_next = before;
-    if (after == detail::npos32) flight_head_ = e; else entries_[after].flight_next = e;
-    if (before == detail::npos32) flight_tail_ = e; else entries_[before].flight_prev = e;
-    ++flight_count_;
-  }
-
-  void flight_unlink(std::uint32_t e) noexcept {
-    Entry& en = entries_[e];
-    if (en.flight_prev == detail::npos32) flight_head_ = en.flight_next; else entries_[en.flight_prev].flight_next = en.flight_next;
-    if (en.flight_next == detail::npos32) flight_tail_ = en.flight_prev; else entries_[en.flight_next].flight_prev = en.flight_prev;
-    en.flight_prev = en.flight_next = detail::npos32;
-    --flight_count_;
-  }
-
-  void orphan_unlink(std::uint32_t e) noexcept {
-    Entry& en = entries_[e];
-    if (en.link_prev == detail::npos32) orphan_head_ = en.link_next; else entries_[en.link_prev].link_next = en.link_next;
-    if (en.link_next == detail::npos32) orphan_tail_ = en.link_prev; else entries_[en.link_next].link_prev = en.link_prev;
-    en.link_prev = en.link_next = detail::npos32;
-    --orphan_count_;
+  template <Links Entry::*L>
+  void unlink(TimeList& list, std::uint32_t e) noexcept {
+    Links& l = entries_[e].*L;
+    if (l.prev == detail::npos32) list.head = l.next; else (entries_[l.prev].*L).next = l.next;
+    if (l.next == detail::npos32) list.tail = l.prev; else (entries_[l.next].*L).prev = l.prev;
+    l = Links{};
+    --list.count;
   }
 
   // detail::TicketSink
@@ -671,7 +659,7 @@ class OffloadIndex final : private detail::TicketSink {
     Entry& en = entries_[e];
     en.status = Status::in_flight;
     en.dispatched_at = Clock::now();
-    flight_link_sorted(e);
+    link_sorted<&Entry::flight_links, &Entry::dispatched_at>(flight_, e);
     ++in_flight_;
     if (!en.has_state) return std::nullopt;
     return en.leg;
@@ -704,19 +692,15 @@ class OffloadIndex final : private detail::TicketSink {
   GenerationSource generations_;
 
   std::vector<Entry> entries_;                      // pooled load entries, addressed by index
-  std::uint32_t free_entry_ = detail::npos32;       // free list through Entry::link_next
+  std::uint32_t free_entry_ = detail::npos32;       // free list through Entry::free_next
   detail::FlatIndexMap<Generation> keys_;           // generation -> outstanding entry (R3: the key of truth)
   detail::FlatIndexMap<RequestId> requests_;        // request -> its live (non-orphaned) entry
   std::vector<std::uint32_t> slot_owner_;           // slot -> outstanding entry holding it
   detail::FlatIndexMap<SaveKey> saves_;            // outstanding saves -> kind and dispatched bits
   std::vector<LoadResolution> resolutions_;         // the settlement queue the scheduler drains
   std::vector<LoadKey> forgotten_;                  // in-flight keys resolved without their ranks
-  std::uint32_t flight_head_ = detail::npos32;      // earliest dispatched load still in flight
-  std::uint32_t flight_tail_ = detail::npos32;      // latest
-  std::uint64_t flight_count_ = 0;                  // kept by the list code, audited against in_flight_
-  std::uint32_t orphan_head_ = detail::npos32;      // oldest orphan
-  std::uint32_t orphan_tail_ = detail::npos32;      // newest orphan
-  std::uint64_t orphan_count_ = 0;                  // kept by the list code, audited against orphaned_
+  TimeList flight_;                                 // loads in flight, by dispatch time
+  TimeList orphans_;                                // orphans, by orphan time
 
   std::uint64_t dispatched_ = 0, in_flight_ = 0, completed_ = 0, failed_ = 0, abandoned_ = 0, reclaimed_ = 0;
   std::uint64_t outstanding_ = 0, orphaned_ = 0, late_reports_ = 0, refused_ = 0;

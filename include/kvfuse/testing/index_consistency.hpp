@@ -81,23 +81,34 @@ struct detail::OffloadIndexAccess<testing::ConsistencyWalk> {
       if (e >= ix.entries_.size() || ix.entries_[e].status == Index::Status::free || ix.entries_[e].orphaned || ix.entries_[e].key.request != r)
         fail_with("the request table names a resolved or orphaned load");
     });
-    std::uint64_t listed = 0;
-    std::uint32_t prev = kvfuse::detail::npos32;
-    for (std::uint32_t e = ix.orphan_head_; e != kvfuse::detail::npos32; e = ix.entries_[e].link_next) {
-      ++ix.own_walks_;
-      if (!ix.entries_[e].orphaned || ix.entries_[e].status != Index::Status::in_flight) fail_with("the orphan list holds a non-orphan");
-      if (ix.entries_[e].link_prev != prev) fail_with("orphan list links disagree");
-      if (prev != kvfuse::detail::npos32 && ix.entries_[e].orphaned_at < ix.entries_[prev].orphaned_at)
-        fail_with("the orphan list is not in orphan-time order");
-      prev = e;
-      if (++listed > ix.entries_.size()) {
-        fail_with("the orphan list has a cycle");
-        break;
+    // One walk for both time-ordered lists: links agree, time never goes back, no cycle,
+    // the tail is the last entry, and every entry is one the list may hold. Returns its length.
+    auto walk_list = [&](const auto& list, auto links, auto time, const char* name, auto belongs) {
+      std::uint64_t length = 0;
+      std::uint32_t prev = kvfuse::detail::npos32;
+      for (std::uint32_t e = list.head; e != kvfuse::detail::npos32; e = (ix.entries_[e].*links).next) {
+        ++ix.own_walks_;
+        if (!belongs(ix.entries_[e])) fail_with(std::string("the ") + name + " list holds an entry it must not");
+        if ((ix.entries_[e].*links).prev != prev) fail_with(std::string(name) + " list links disagree");
+        if (prev != kvfuse::detail::npos32 && ix.entries_[e].*time < ix.entries_[prev].*time)
+          fail_with(std::string("the ") + name + " list is not in time order");
+        prev = e;
+        if (++length > ix.entries_.size()) {
+          fail_with(std::string("the ") + name + " list has a cycle");
+          break;
+        }
       }
-    }
-    if (prev != ix.orphan_tail_) fail_with("orphan list tail is not the last orphan");
+      if (prev != list.tail) fail_with(std::string(name) + " list tail is not its last entry");
+      if (length != list.count) fail_with(std::string(name) + " list count disagrees with its length");
+      return length;
+    };
+    using Entry = typename Index::Entry;
+    const std::uint64_t listed = walk_list(ix.orphans_, &Entry::orphan_links, &Entry::orphaned_at, "orphan",
+                                           [](const Entry& en) { return en.orphaned && en.status == Index::Status::in_flight; });
+    const std::uint64_t flying = walk_list(ix.flight_, &Entry::flight_links, &Entry::dispatched_at, "in-flight",
+                                           [](const Entry& en) { return en.status == Index::Status::in_flight; });
     std::uint64_t free_entries = 0;
-    for (std::uint32_t e = ix.free_entry_; e != kvfuse::detail::npos32 && free_entries <= ix.entries_.size(); e = ix.entries_[e].link_next) {
+    for (std::uint32_t e = ix.free_entry_; e != kvfuse::detail::npos32 && free_entries <= ix.entries_.size(); e = ix.entries_[e].free_next) {
       ++ix.own_walks_;
       ++free_entries;
       if (ix.entries_[e].status != Index::Status::free) fail_with("the free list holds an outstanding load");
@@ -105,7 +116,7 @@ struct detail::OffloadIndexAccess<testing::ConsistencyWalk> {
     if (free_entries + ticketed + in_flight != ix.entries_.size()) fail_with("load entries leaked: neither outstanding nor free");
     if (ticketed + in_flight != ix.outstanding_) fail_with("outstanding counter disagrees with the entries");
     if (in_flight != ix.in_flight_) fail_with("in_flight counter disagrees with the entries");
-    if (orphans != ix.orphaned_ || listed != ix.orphaned_ || ix.orphan_count_ != ix.orphaned_)
+    if (orphans != ix.orphaned_ || listed != ix.orphaned_)
       fail_with("orphaned counter disagrees with the entries or the orphan list");
     if (ix.keys_.size() != ix.outstanding_) fail_with("key table size disagrees with outstanding");
     if (ix.requests_.size() != live) fail_with("request table size disagrees with the live loads");
@@ -114,22 +125,7 @@ struct detail::OffloadIndexAccess<testing::ConsistencyWalk> {
     if (ix.reclaimed_ > ix.abandoned_) fail_with("reclaimed > abandoned");
     if (ix.saves_issued_ != ix.saves_stored_ + ix.saves_failed_ + ix.saves_abandoned_ + ix.saves_.size())
       fail_with("saves_issued != saves_stored + saves_failed + saves_abandoned + saves_outstanding");
-    std::uint64_t flying = 0;
-    prev = kvfuse::detail::npos32;
-    for (std::uint32_t e = ix.flight_head_; e != kvfuse::detail::npos32; e = ix.entries_[e].flight_next) {
-      ++ix.own_walks_;
-      if (ix.entries_[e].status != Index::Status::in_flight) fail_with("the in-flight list holds a load that is not in flight");
-      if (ix.entries_[e].flight_prev != prev) fail_with("in-flight list links disagree");
-      if (prev != kvfuse::detail::npos32 && ix.entries_[e].dispatched_at < ix.entries_[prev].dispatched_at)
-        fail_with("the in-flight list is not in dispatch order");
-      prev = e;
-      if (++flying > ix.entries_.size()) {
-        fail_with("the in-flight list has a cycle");
-        break;
-      }
-    }
-    if (prev != ix.flight_tail_) fail_with("in-flight list tail is not the last dispatched load");
-    if (flying != ix.in_flight_ || ix.flight_count_ != ix.in_flight_) fail_with("in_flight counter disagrees with the in-flight list");
+    if (flying != ix.in_flight_) fail_with("in_flight counter disagrees with the in-flight list");
     if (ix.resolutions_.capacity() < ix.resolutions_.size() + ix.outstanding_)
       fail_with("the resolution queue could need to allocate on a settle path");
     if (ix.forgotten_.capacity() < ix.forgotten_.size() + ix.outstanding_)
