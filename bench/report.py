@@ -147,7 +147,7 @@ def report(r: Results) -> int:
         f"== kvfuse: the targets table (bench/README.md), every figure from this run ({now}, "
         f"{os.cpu_count()} CPUs, load average {load}) =="
     )
-    print(f"  {"what":<80} {'measured':>12}  {'target':<14}")
+    print(f"  {'what':<80} {'measured':>12}  {'target':<14}")
 
     t.section("engine index (kvfuse_bench_offload_index)")
     t.row("stats() with the full audit, 2^20 indexed hashes", m(idx, "BM_Stats/1048576", "real_time"), "ns", "<", 1000)
