@@ -7,10 +7,13 @@
 
 #include <kvfuse/engine/offload_index.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 using namespace kvfuse;
@@ -74,7 +77,43 @@ void BM_RequestLoadCompletePair(benchmark::State& state) {
   }
   if (index->stats().invariant_violations != 0 || index->stats().completed != i) state.SkipWithError("bad counters");
 }
-BENCHMARK(BM_RequestLoadCompletePair)->ArgName("cold")->Arg(0)->Arg(1)->Repetitions(5)->ReportAggregatesOnly(true);
+double min_of(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+BENCHMARK(BM_RequestLoadCompletePair)
+    ->ArgName("cold")
+    ->Arg(0)
+    ->Arg(1)
+    ->Repetitions(5)
+    ->ComputeStatistics("min", min_of)
+    ->ComputeStatistics("max", max_of)
+    ->ReportAggregatesOnly(true);
+
+// The floor of the cold case: one dependent load from a random place in a 1 GiB array (a
+// random cyclic permutation walked by index), i.e. one DRAM miss plus its TLB miss, on this
+// machine in this run. A cold pair cannot cost less than its dependent misses: the bucket,
+// then the node, then (in parallel) the node's two LRU neighbours.
+void BM_PointerChase(benchmark::State& state) {
+  const std::size_t n = (static_cast<std::size_t>(state.range(0)) << 20) / sizeof(std::uint32_t);
+  std::vector<std::uint32_t> next(n);
+  // Sattolo's algorithm: one cycle through every element.
+  for (std::size_t i = 0; i < n; ++i) next[i] = static_cast<std::uint32_t>(i);
+  std::uint64_t x = 0x9E3779B97F4A7C15ULL;
+  for (std::size_t i = n - 1; i > 0; --i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    std::swap(next[i], next[x % i]);
+  }
+  std::uint32_t p = 0;
+  for (auto _ : state) p = next[p];
+  benchmark::DoNotOptimize(p);
+}
+BENCHMARK(BM_PointerChase)
+    ->ArgName("MiB")
+    ->Arg(1024)
+    ->Repetitions(5)
+    ->ComputeStatistics("min", min_of)
+    ->ComputeStatistics("max", max_of)
+    ->ReportAggregatesOnly(true);
 
 // The anchor for the cold case: one std::unordered_set<uint64_t>::find over 2^20 keys, each
 // key depending on the last find so lookups cannot overlap: the latency of one cold lookup

@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Runs every kvfuse benchmark binary in a directory, then prints one table of the ratios
+bench/README.md sets targets for, each with its target and PASS/MISS.
+
+    bench/report.py [BENCH_DIR]          default: build/release/bench
+    bench/report.py --json-dir DIR       no runs: read DIR/kvfuse_bench_*.json written before
+
+Every figure in the table comes from this run: each binary writes its results as JSON
+(--benchmark_out, --benchmark_out_format=json) next to its usual console table, and the
+table is read back from those files with Python's json module. Ratios whose two sides are
+timed inside one benchmark are that benchmark's own counters; the others are computed here
+from two benchmarks of the same binary and the same run.
+
+Exit status: 1 if a binary failed, 2 on a usage error, else 0. A missed target is reported
+(MISS, and a count at the end), not turned into a failure: timings on a shared machine are
+evidence, not a gate. Standard library only.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
+
+
+class Results:
+    """Every binary's JSON output: name -> {benchmark name -> benchmark object}."""
+
+    def __init__(self) -> None:
+        self.by_binary: dict[str, dict[str, dict]] = {}
+
+    def load(self, binary: str, path: str) -> None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            print(f"report.py: cannot read {path}: {e}", file=sys.stderr)
+            return
+        runs = {}
+        for b in doc.get("benchmarks", []):
+            runs.setdefault(b.get("name", ""), b)  # the first run of a name wins
+        self.by_binary[binary] = runs
+
+    def metric(self, binary: str, name: str, key: str) -> float | None:
+        """KEY of the run named exactly NAME of BINARY; real_time/cpu_time in ns. None if the
+        binary, the run or the key is absent, or the run reported an error or was skipped."""
+        run = self.by_binary.get(binary, {}).get(name)
+        if run is None or run.get("error_occurred") or run.get("skipped"):
+            return None
+        value = run.get(key)
+        if not isinstance(value, (int, float)):
+            return None
+        if key in ("real_time", "cpu_time"):
+            value = value * UNIT_NS.get(run.get("time_unit", "ns"), 1.0)
+        return float(value)
+
+
+class Table:
+    OPS = {"<": lambda v, t: v < t, "<=": lambda v, t: v <= t, ">": lambda v, t: v > t, ">=": lambda v, t: v >= t}
+
+    def __init__(self) -> None:
+        self.targets = 0
+        self.misses = 0
+
+    @staticmethod
+    def shown(value: float, unit: str) -> str:
+        if unit == "x" or abs(value) < 1:
+            return f"{value:.3f}"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+
+    def row(self, label: str, value: float | None, unit: str, op: str = "", target: float | None = None) -> None:
+        target_text = f"{op} {target:g} {unit}" if op else ""
+        if op:
+            self.targets += 1
+        if value is None:
+            print(f"  {label:<80} {'n/a':>12}  {target_text:<14} {'(did not run)' if op else ''}")
+            if op:
+                self.misses += 1
+            return
+        verdict = ""
+        if op:
+            verdict = "PASS" if self.OPS[op](value, target) else "MISS"
+            if verdict == "MISS":
+                self.misses += 1
+        print(f"  {label:<80} {self.shown(value, unit) + ' ' + unit:>12}  {target_text:<14} {verdict}")
+
+    @staticmethod
+    def section(text: str) -> None:
+        print(f"  -- {text}")
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def scale(a: float | None, divisor: float) -> float | None:
+    return None if a is None else a / divisor
+
+
+def run_binaries(bench_dir: str, out_dir: str, min_time: str, results: Results) -> int:
+    status = 0
+    binaries = sorted(
+        p for p in glob.glob(os.path.join(bench_dir, "kvfuse_bench_*")) if os.path.isfile(p) and os.access(p, os.X_OK)
+    )
+    if not binaries:
+        print(f"report.py: no kvfuse_bench_* binaries in {bench_dir}", file=sys.stderr)
+        sys.exit(2)
+    for path in binaries:
+        name = os.path.basename(path)
+        out = os.path.join(out_dir, name + ".json")
+        print(f"=== {name} ===", flush=True)
+        rc = subprocess.call(
+            [path, f"--benchmark_min_time={min_time}", f"--benchmark_out={out}", "--benchmark_out_format=json"]
+        )
+        if rc != 0:
+            print(f"report.py: {name} failed (exit status {rc})", file=sys.stderr)
+            status = 1
+        if os.path.isfile(out):
+            results.load(name, out)
+        print(flush=True)
+    return status
+
+
+def report(r: Results) -> int:
+    t = Table()
+    m = r.metric
+    idx, comp, conn = "kvfuse_bench_offload_index", "kvfuse_bench_completion", "kvfuse_bench_connector"
+    rt, tiers, coord = "kvfuse_bench_runtime", "kvfuse_bench_tiers", "kvfuse_bench_coordinator"
+    dense, hit = "BM_DenseVsHandWritten", "BM_LoadVsMemcpy64MiB"
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            load = " ".join(f.read().split()[:3])
+    except OSError:
+        load = "?"
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(
+        f"== kvfuse: the targets table (bench/README.md), every figure from this run ({now}, "
+        f"{os.cpu_count()} CPUs, load average {load}) =="
+    )
+    print(f"  {'what':<80} {'measured':>12}  {'target':<14}")
+
+    t.section("engine index (kvfuse_bench_offload_index)")
+    t.row("stats() with the full audit, 2^20 indexed hashes", m(idx, "BM_Stats/1048576", "real_time"), "ns", "<", 1000)
+    t.row("fail 2048 outstanding loads in one step",
+          scale(m(idx, "BM_FailAll2048/manual_time", "real_time"), 1e6), "ms", "<", 0.5)
+    pair = "BM_RequestLoadCompletePair/cold:{}/repeats:5_{}"
+    t.row("request_load + settle pair, median (hot hash)", m(idx, pair.format(0, "median"), "real_time"), "ns", "<", 200)
+    t.row("request_load + settle pair, median (cold hash of 2^20)",
+          m(idx, pair.format(1, "median"), "real_time"), "ns", "<=", 250)
+    lo, hi = m(idx, pair.format(1, "min"), "real_time"), m(idx, pair.format(1, "max"), "real_time")
+    t.row("  cold: fastest repetition", lo, "ns")
+    t.row("  cold: slowest repetition", hi, "ns")
+    t.row("  cold floor: one dependent DRAM miss (pointer chase, 1 GiB), median",
+          m(idx, "BM_PointerChase/MiB:1024/repeats:5_median", "real_time"), "ns")
+
+    t.section("completion path (kvfuse_bench_completion)")
+    t.row("records drained + merged through lane queues and quorum, 8 ranks",
+          scale(m(comp, "BM_DrainMerge/8/manual_time", "items_per_second"), 1e6), "M/s", ">=", 10)
+    t.row("pushed + drained + merged on one thread, 8 ranks",
+          scale(m(comp, "BM_PushDrainMerge/8", "items_per_second"), 1e6), "M/s")
+    t.row("producer thread + engine thread, 8 ranks",
+          scale(m(comp, "BM_Threaded/8/real_time", "items_per_second"), 1e6), "M/s")
+
+    t.section("engine loop (kvfuse_bench_coordinator; 8 ranks, 16-chunk K3 joint loads, no copies; 5 repetitions)")
+    creq = "BM_CoordinatorRequest/ranks_inline/checkpoints:1/repeats:5/manual_time"
+    t.row("coordinator per request: admit..unpark + finish, median",
+          m(coord, creq + "_median", "ns_per_request"), "ns", "<=", 1000)
+    t.row("  fastest repetition", m(coord, creq + "_min", "ns_per_request"), "ns")
+    t.row("  slowest repetition", m(coord, creq + "_max", "ns_per_request"), "ns")
+    t.row("  admit: plan, ticket, LoadRequest, 8 record pushes, park", m(coord, creq + "_median", "admit_ns"), "ns")
+    t.row("  step: drain, 8-record quorum merge, settle, unpark", m(coord, creq + "_median", "step_ns"), "ns")
+    t.row("  finish: nothing new to save, release", m(coord, creq + "_median", "finish_ns"), "ns")
+    t.row("  heap allocations per request, scheduler thread", m(coord, creq + "_median", "allocs_per_request"), "allocs")
+    t.row("coordinator per request, record pushes not timed",
+          m(coord, "BM_CoordinatorRequest/ranks_untimed/checkpoints:1/repeats:5/manual_time_median", "ns_per_request"),
+          "ns")
+    t.row("coordinator per request, 16 candidate checkpoints",
+          m(coord, "BM_CoordinatorRequest/ranks_inline/checkpoints:16/repeats:5/manual_time_median", "ns_per_request"),
+          "ns")
+    t.row("coordinator per request, records from a producer thread (wall)",
+          m(coord, "BM_CoordinatorRequest/ranks_thread/checkpoints:1/repeats:5/manual_time_median", "ns_per_request"),
+          "ns")
+
+    t.section("connector load path (kvfuse_bench_connector; medians, both sides timed in the same iterations)")
+    lat = "BM_JointLoad/delay_us:2000/leg_KiB:64/apart:0/manual_time"
+    bw = "BM_JointLoad/delay_us:0/leg_KiB:16384"
+    t.row("joint / max(kv, state), 2 ms tier latency per get, K3 lanes", m(conn, lat, "joint_over_max"), "x", "<=", 1.10)
+    t.row("serialized (state leg after_kv, one lane) / max(kv, state)", m(conn, lat, "serial_over_max"), "x")
+    t.row("joint / max(kv, state), two 16 MiB memcpy legs, OS placement",
+          m(conn, bw + "/apart:0/manual_time", "joint_over_max"), "x")
+    t.row("joint / max(kv, state), two 16 MiB memcpy legs, lanes on 2 CPUs",
+          m(conn, bw + "/apart:1/manual_time", "joint_over_max"), "x")
+    t.row("serialized / max(kv, state), the same memcpy legs", m(conn, bw + "/apart:0/manual_time", "serial_over_max"),
+          "x")
+    t.row("dense connector / hand-written load, 64 x 1 MiB, one CPU",
+          m(conn, f"{dense}/inline:1/chunks:64/one_cpu:1/manual_time", "conn_over_hand"), "x", "<=", 1.02)
+    t.row("dense connector / hand-written load, 16 x 1 MiB, one CPU",
+          m(conn, f"{dense}/inline:1/chunks:16/one_cpu:1/manual_time", "conn_over_hand"), "x")
+    t.row("  the same, connector minus hand-written (two thread hand-offs)",
+          m(conn, f"{dense}/inline:1/chunks:16/one_cpu:1/manual_time", "overhead_us"), "us")
+    t.row("dense connector / hand-written load, 64 x 1 MiB, OS placement",
+          m(conn, f"{dense}/inline:1/chunks:64/one_cpu:0/manual_time", "conn_over_hand"), "x")
+    t.row("hand-written, sync per chunk / sync once, threaded stream",
+          m(conn, f"{dense}/inline:0/chunks:64/one_cpu:0/manual_time", "hand_over_one_sync"), "x")
+    same = "BM_DenseVsSameShape"
+    for chunks in (1, 4, 16, 64):
+        t.row(f"dense connector / same-shape hand-written load, {chunks} x 1 MiB, OS placement",
+              m(conn, f"{same}/chunks:{chunks}/one_cpu:0/manual_time", "conn_over_same"), "x", "<=", 1.01)
+    t.row("  the same, 1 x 1 MiB, one CPU (placement taken out)",
+          m(conn, f"{same}/chunks:1/one_cpu:1/manual_time", "conn_over_same"), "x")
+    t.row("  same-shape load / calling-thread load, 1 x 1 MiB, OS placement (the hand-off's price)",
+          m(conn, f"{same}/chunks:1/one_cpu:0/manual_time", "same_over_hand"), "x")
+    parts = (("to_get_ns", "load() to the tier get: hand-off to the lane (+ spec checks)"),
+             ("get_ns", "the tier get"),
+             ("get_to_copy_ns", "get end to copy"),
+             ("copy_ns", "the copy (copy_async, inline stream)"),
+             ("sync_ns", "the synchronize"),
+             ("to_emit_ns", "synchronize end to emit (record built)"),
+             ("emit_ns", "emit: the record's push + doorbell (futex wake)"),
+             ("drain_ns", "emit end to record drained (scheduler wake-up + drain)"))
+    for pin, where in ((0, "OS placement"), (1, "one CPU")):
+        fixed = f"BM_FixedCost/one_cpu:{pin}/manual_time"
+        t.row(f"fixed cost: load() to record drained, 1 x 4 KiB chunk, {where}, median",
+              scale(m(conn, fixed, "total_ns"), 1e3), "us", *(("<=", 10) if pin == 0 else ()))
+        for key, what in parts:
+            t.row(f"  {what}", scale(m(conn, fixed, key), 1e3), "us")
+        t.row("  (bare Lane submit until its task starts, same run)", scale(m(conn, fixed, "bare_handoff_ns"), 1e3),
+              "us")
+        dom = m(conn, fixed, "dominant_part")
+        if dom is not None and 0 <= int(dom) < len(parts):
+            print(f"    dominant part: {parts[int(dom)][1]}")
+    t.row("load-path / memcpy bytes/s, 64 MiB memory-tier hit, inline stream",
+          m(conn, f"{hit}/inline:1/one_cpu:1/manual_time", "load_over_memcpy"), "x", ">=", 0.90)
+    t.row("  the same, threaded stream", m(conn, f"{hit}/inline:0/one_cpu:1/manual_time", "load_over_memcpy"), "x")
+    t.row("  the same, inline stream, OS placement",
+          m(conn, f"{hit}/inline:1/one_cpu:0/manual_time", "load_over_memcpy"), "x")
+    t.row("  the same, threaded stream, OS placement",
+          m(conn, f"{hit}/inline:0/one_cpu:0/manual_time", "load_over_memcpy"), "x")
+
+    t.section("runtime and tiers (informative)")
+    t.row("HostRuntime copy_async / memcpy bytes/s, 64 MiB, 1 MiB ops, threaded",
+          m(rt, "BM_CopyAsyncVsMemcpy/chunk_KiB:1024/inline:0/manual_time", "vs_memcpy"), "x")
+    t.row("HostRuntime copy_async / memcpy bytes/s, 64 MiB, 1 MiB ops, inline",
+          m(rt, "BM_CopyAsyncVsMemcpy/chunk_KiB:1024/inline:1/manual_time", "vs_memcpy"), "x")
+    t.row("lane submit + join round trip", scale(m(rt, "BM_LaneRoundTrip", "real_time"), 1e3), "us")
+    memcpy_bps = m(tiers, "memcpy_64MiB/real_time", "bytes_per_second")
+    t.row("MemoryTier hit + copy out / memcpy bytes/s, one 64 MiB entry",
+          ratio(m(tiers, "memory_tier_hit_64MiB/real_time", "bytes_per_second"), memcpy_bps), "x")
+    t.row("MemoryTier 32 x 2 MiB chunk hits + copies / memcpy bytes/s",
+          ratio(m(tiers, "memory_tier_chunks/real_time", "bytes_per_second"), memcpy_bps), "x")
+    t.row("DiskTier 4 MiB hit (page cache, checksummed) / memcpy bytes/s",
+          ratio(m(tiers, "disk_tier_hit_4MiB/real_time", "bytes_per_second"), memcpy_bps), "x")
+    print("  standing staging bytes = lanes x buffer: asserted by the tests (R12), not timed here.")
+    print(f"  {t.targets - t.misses} of {t.targets} targets met in this run.")
+    return t.misses
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("bench_dir", nargs="?", default="build/release/bench")
+    ap.add_argument("--json-dir", help="read DIR/kvfuse_bench_*.json instead of running the binaries")
+    ap.add_argument("--min-time", default="0.3", help="--benchmark_min_time for every binary (default 0.3)")
+    args = ap.parse_args()
+
+    results = Results()
+    status = 0
+    if args.json_dir:
+        files = sorted(glob.glob(os.path.join(args.json_dir, "kvfuse_bench_*.json")))
+        if not files:
+            print(f"report.py: no kvfuse_bench_*.json in {args.json_dir}", file=sys.stderr)
+            return 2
+        for path in files:
+            results.load(os.path.basename(path)[: -len(".json")], path)
+    else:
+        if not os.path.isdir(args.bench_dir):
+            print(f"report.py: no such directory: {args.bench_dir}", file=sys.stderr)
+            print("  build: cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release && cmake --build build/release",
+                  file=sys.stderr)
+            return 2
+        with tempfile.TemporaryDirectory(prefix="kvfuse-bench.") as out:
+            status = run_binaries(args.bench_dir, out, args.min_time, results)
+    report(results)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
