@@ -90,7 +90,7 @@ class Coordinator {
   /// transport dropped is failed at once and unparks (recompute) on the next step.
   /// Scheduler thread.
   AdmitDecision admit(const AdmitRequest& req) {
-    ++admitted_;
+    ++counters_.admitted;
     AdmitDecision d;
     if (parked_.contains(req.id)) return compute(d, ComputeReason::already_parked);
     d.plan = plan(req);
@@ -114,7 +114,7 @@ class Coordinator {
   /// P/D transfer's (step(arbiter) drains those). Scheduler thread.
   template <KvArbiter A>
   AdmitDecision admit(const AdmitRequest& req, A& arbiter, OffloadSub& tier) {
-    ++admitted_;
+    ++counters_.admitted;
     AdmitDecision d;
     if (parked_.contains(req.id)) return compute(d, ComputeReason::already_parked);
     d.plan = plan(req);
@@ -127,11 +127,11 @@ class Coordinator {
       if (!static_cast<bool>(arbiter.start(*a.winner, PdTransfer{req.id, req.hbm, a.tokens, req.blocks})))
         return compute(d, ComputeReason::transfer_refused);
       d.state_released = secured;
-      state_legs_released_ += secured ? 1 : 0;
+      counters_.state_legs_released += secured ? 1 : 0;
       d.parked = true;
       d.claimed_tokens = options_.layout == StateLayout::none ? req.hbm + a.tokens : 0;
       parked_.emplace(req.id, Parked{LoadKey{}, d.claimed_tokens, false, true});
-      ++parked_count_;
+      ++counters_.parked;
       ++pd_parked_;
       return d;
     }
@@ -147,7 +147,7 @@ class Coordinator {
   StepResult step(A& arbiter, typename Pump::TimePoint now = Pump::TimePoint::clock::now()) {
     StepResult r = step(now);
     (void)arbiter.drain_finished([this](RequestId id, bool ok) { on_transfer(id, ok); });
-    released_total_ += release_ready_.size();  // released by a transfer's end: out in this step
+    counters_.released += release_ready_.size();  // released by a transfer's end: out in this step
     released_.insert(released_.end(), release_ready_.begin(), release_ready_.end());
     release_ready_.clear();
     r.unparked = unparked_;
@@ -183,14 +183,14 @@ class Coordinator {
     }
     const auto it = parked_.find(id);
     if (it == parked_.end() || !it->second.transfer) {
-      ++violations_;  // a transfer nobody waits on
+      ++counters_.invariant_violations;  // a transfer nobody waits on
       return;
     }
     const TokenCount tokens = ok ? it->second.claims : 0;
     parked_.erase(it);
     --pd_parked_;
-    ++unparked_total_;
-    if (tokens > 0) ++unparked_with_tokens_;
+    ++counters_.unparked;
+    if (tokens > 0) ++counters_.unparked_with_tokens;
     unparked_.push_back(Unpark{id, tokens, ok ? Resolution::completed : Resolution::failed, false});
   }
 
@@ -222,7 +222,7 @@ class Coordinator {
     d.parked = true;
     d.key = request.key;
     d.claimed_tokens = claimed_tokens(d.plan);
-    ++parked_count_;
+    ++counters_.parked;
     const bool sent = static_cast<bool>(transport_.send(request));
     parked_.emplace(req.id, Parked{request.key, d.claimed_tokens, !sent});
     if (sent) {
@@ -230,7 +230,7 @@ class Coordinator {
     } else {
       // Dropped before any rank saw it: nothing will report. A failed settlement now,
       // drained by the next step like any other (never parked without a load that settles).
-      ++transport_drops_;
+      ++counters_.transport_drops;
       (void)index_.fail(request.key, false);
     }
     return d;
@@ -248,8 +248,8 @@ class Coordinator {
     for (const LoadResolution& r : pumped.resolutions) on_resolution(r);
     for (const SaveSettlement& s : pumped.saves) on_save(s);
     released_.swap(release_ready_);  // everything freed since the last step, this one included
-    unparked_total_ += unparked_.size();
-    released_total_ += released_.size();
+    counters_.unparked += unparked_.size();
+    counters_.released += released_.size();
     return StepResult{unparked_, released_, pumped.records};
   }
 
@@ -264,14 +264,14 @@ class Coordinator {
         // A P/D transfer may still write its blocks: they come back when it ends.
         parked_.erase(it);
         --pd_parked_;
-        ++torn_down_;
+        ++counters_.torn_down;
         pd_holding_.insert(id);
         return;
       }
       const LoadKey key = it->second.key;
       if (!it->second.dropped) --parked_in_flight_;
       parked_.erase(it);
-      ++torn_down_;
+      ++counters_.torn_down;
       if (index_.orphan(key)) {
         holding_.emplace(key, id);
       } else {
@@ -294,7 +294,7 @@ class Coordinator {
     RequestState& rs = requests_[f.id];
     rs.finished = true;
     if (parked_.contains(f.id) || rs.saves_in_flight > 0) {
-      ++saves_skipped_;
+      ++counters_.saves_skipped;
       if (!parked_.contains(f.id) && rs.saves_in_flight == 0) release_when_free(f.id);
       return 0;
     }
@@ -315,7 +315,7 @@ class Coordinator {
     }
     if (options_.layout != StateLayout::none && f.checkpoint && f.slot)
       sent += submit(f.id, StateSave{SaveKey{f.checkpoint->hash, {}}, *f.slot, f.checkpoint->boundary}) ? 1 : 0;
-    if (sent == 0) ++saves_skipped_;
+    if (sent == 0) ++counters_.saves_skipped;
     release_when_free(f.id);  // now, or once every rank released the saves' source
     return sent;
   }
@@ -328,7 +328,7 @@ class Coordinator {
     TickResult t;
     t.reclaimed = index_.reclaim(now, reclaim_after);
     overdue_list_.clear();
-    overdue_ = index_.report_overdue(now, overdue_after, [this](const OverdueLoad& o) {
+    counters_.overdue = index_.report_overdue(now, overdue_after, [this](const OverdueLoad& o) {
       try {
         overdue_list_.push_back(o);
       } catch (...) {
@@ -352,24 +352,10 @@ class Coordinator {
     const std::uint64_t waiting = index_.pending_resolutions();
     if (parked_in_flight_ < live_in_flight || parked_in_flight_ > live_in_flight + waiting ||
         parked_in_flight_ + pd_parked_ > parked_.size() || is.outstanding != is.in_flight)
-      ++violations_;
-    CoordinatorStats s;
-    s.admitted = admitted_;
-    s.parked = parked_count_;
-    s.computed = computed_;
-    s.unparked = unparked_total_;
-    s.unparked_with_tokens = unparked_with_tokens_;
-    s.transport_drops = transport_drops_;
-    s.torn_down = torn_down_;
-    s.released = released_total_;
-    s.saves_submitted = saves_submitted_;
-    s.saves_skipped = saves_skipped_;
+      ++counters_.invariant_violations;
+    CoordinatorStats s = counters_;
     s.waiting_now = parked_.size();
     s.holding_now = holding_.size() + pd_holding_.size();
-    s.state_legs_released = state_legs_released_;
-    s.overdue = overdue_;
-    s.sources_pinned = sources_pinned_;
-    s.invariant_violations = violations_;
     return s;
   }
 
@@ -409,7 +395,7 @@ class Coordinator {
   }
 
   AdmitDecision& compute(AdmitDecision& d, ComputeReason why) noexcept {
-    ++computed_;
+    ++counters_.computed;
     d.parked = false;
     d.reason = why;
     return d;
@@ -447,7 +433,7 @@ class Coordinator {
     }
     const auto it = parked_.find(r.key.request);
     if (it == parked_.end() || it->second.key != r.key) {
-      if (!erase_torn_down(r.key)) ++violations_;  // a load nobody waits on, or a second unpark
+      if (!erase_torn_down(r.key)) ++counters_.invariant_violations;  // a load nobody waits on, or a second unpark
       return;
     }
     const TokenCount tokens = r.kind == Resolution::completed ? it->second.claims : 0;
@@ -457,7 +443,7 @@ class Coordinator {
       // The tier did not deliver: do not trust what it was thought to hold.
       requests_[r.key.request].watermark = 0;
     }
-    if (tokens > 0) ++unparked_with_tokens_;
+    if (tokens > 0) ++counters_.unparked_with_tokens;
     unparked_.push_back(Unpark{r.key.request, tokens, r.kind, r.state_missed});
   }
 
@@ -486,7 +472,7 @@ class Coordinator {
       // synchronize): the blocks stay pinned for good, visibly, rather than be reused under
       // a copy that may still run.
       rs->second.pinned = true;
-      ++sources_pinned_;
+      ++counters_.sources_pinned;
     }
     // Blocks and slot go back on the released phase (early release), never later than stored.
     if (source_free_now && --rs->second.saves_in_flight == 0 && rs->second.released_pending) release_now(id, rs->second);
@@ -499,13 +485,13 @@ class Coordinator {
     Save dispatched = admission.ticket().dispatch();
     RequestState& rs = requests_[id];
     if (!static_cast<bool>(transport_.send(dispatched))) {
-      ++transport_drops_;
+      ++counters_.transport_drops;
       // No rank saw it: its source was never read, and nothing is stored.
       (void)index_.settle_save(SaveSettlement{dispatched.key, SavePhase::released, true});
       (void)index_.settle_save(SaveSettlement{dispatched.key, SavePhase::stored, false});
       return false;
     }
-    ++saves_submitted_;
+    ++counters_.saves_submitted;
     ++rs.saves_in_flight;
     saves_.emplace(dispatched.key, SaveOwner{id, false});
     return true;
@@ -543,12 +529,9 @@ class Coordinator {
   std::vector<RequestId> release_ready_;  // released since the last step; handed out by the next
   std::vector<LoadKey> torn_down_keys_;
   std::vector<OverdueLoad> overdue_list_;
-  std::uint64_t parked_in_flight_ = 0, pd_parked_ = 0, state_legs_released_ = 0;
+  std::uint64_t parked_in_flight_ = 0, pd_parked_ = 0;
   std::unordered_set<RequestId> pd_holding_;  // torn down while a P/D transfer may still write its blocks
-  std::uint64_t admitted_ = 0, parked_count_ = 0, computed_ = 0, unparked_total_ = 0, unparked_with_tokens_ = 0;
-  std::uint64_t transport_drops_ = 0, torn_down_ = 0, released_total_ = 0, saves_submitted_ = 0, saves_skipped_ = 0;
-  std::uint64_t overdue_ = 0, sources_pinned_ = 0;
-  mutable std::uint64_t violations_ = 0;
+  mutable CoordinatorStats counters_{};  // the counters; stats() adds the gauges (mutable: its audit counts)
 };
 
 }  // namespace kvfuse
