@@ -2,6 +2,7 @@
 // while the scheduler thread drains at random moments. Every key settles exactly once, with
 // the merge a reference model predicts; records for keys never dispatched are all late.
 // Built and run under TSan too.
+#include "fake_index.hpp"
 #include <doctest/doctest.h>
 
 #include <kvfuse/worker/completion_guard.hpp>
@@ -81,39 +82,7 @@ SaveSettlement save_reference(std::uint64_t seed, std::uint64_t i, SavePhase pha
   return s;
 }
 
-struct Index {
-  std::unordered_set<LoadKey> outstanding;
-  std::unordered_set<SaveKey> saves;
-  std::unordered_map<LoadKey, int> settle_count;
-  std::vector<Settlement> settled;
-  std::vector<SaveSettlement> stores;
-  std::vector<LoadResolution> queue;
-  bool is_in_flight(LoadKey k) const noexcept { return outstanding.contains(k); }
-  bool is_save_in_flight(SaveKey k) const noexcept { return saves.contains(k); }
-  bool settle(const Settlement& s) {
-    ++settle_count[s.key];
-    if (outstanding.erase(s.key) == 0) return false;
-    settled.push_back(s);
-    queue.push_back(LoadResolution{s.key, s.ok ? Resolution::completed : Resolution::failed, s.state_missed, false, true});
-    return true;
-  }
-  bool settle_save(const SaveSettlement& s) {
-    stores.push_back(s);
-    if (s.phase == SavePhase::stored) saves.erase(s.key);
-    return true;
-  }
-  std::size_t drain_resolutions(std::vector<LoadResolution>& out) noexcept {
-    const std::size_t n = queue.size();
-    out.insert(out.end(), queue.begin(), queue.end());
-    queue.clear();
-    return n;
-  }
-  template <class F>
-  std::size_t drain_forgotten(F&&) noexcept {
-    return 0;
-  }
-  Generation last_issued() const noexcept { return Generation{}; }
-};
+using Index = testing::FakeIndex;
 
 // One rank: its keys in its own random order, through guards, with random pauses.
 void run_rank(std::uint64_t seed, std::uint32_t rank, LaneEmitter& lane) {
@@ -206,10 +175,10 @@ TEST_CASE("R4 randomized: 8 rank threads with random outcomes and drain timing s
     CHECK(ok > 0);       // the model's mix produced every kind of verdict
     CHECK(missed > 0);
     CHECK(ok < keys);
-    REQUIRE(index.stores.size() == 2 * stores);  // released, then stored, per save
+    REQUIRE(index.save_settlements.size() == 2 * stores);  // released, then stored, per save
     std::uint64_t wrong_stores = 0;
     std::unordered_map<SaveKey, int> phases_seen;
-    for (const SaveSettlement& s : index.stores) {
+    for (const SaveSettlement& s : index.save_settlements) {
       if (!(s == save_reference(seed, s.key.hash.value, s.phase))) ++wrong_stores;
       // The released phase of a save always settles before its stored phase.
       const int seen = phases_seen[s.key]++;
