@@ -290,26 +290,10 @@ bool state_ok(const CompletionRecord& r) { return r.state == StateOutcome::resto
 
 // ---- 1 and 2: a joint load against its legs ------------------------------------------------
 
-/// The serialized baseline: Kimi-K3's recurrent state leg ordered after_kv, so the
-/// connector runs it on the load lane after the KV leg. A user-written StateSpec policy.
-template <Tier T>
-struct SerialRecurrentState {
-  static constexpr StateOrdering ordering = StateOrdering::after_kv;
-  RecurrentState<T> inner;
-  template <Runtime R>
-  StateVerdict load(const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) const noexcept {
-    return inner.load(spec, kv, lane);
-  }
-  template <Runtime R>
-  SaveVerdict save(const StateSave& save, LaneContext<R>& lane) const noexcept {
-    return inner.save(save, lane);
-  }
-  static constexpr std::size_t entry_bytes(const RankGeometry& g) noexcept { return RecurrentState<T>::entry_bytes(g); }
-};
-
 using JointTier = DelayTier<MemoryTier<>>;
 using K3 = KimiK3Connector<JointTier, JointTier, BellGroup>;
-using Serial = Connector<PagedKv<JointTier>, SerialRecurrentState<JointTier>, BellGroup>;
+/// The serialized baseline: Kimi-K3's recurrent state leg after the KV leg, on the load lane.
+using Serial = KimiK3SerialConnector<JointTier, JointTier, BellGroup>;
 
 /// One rank with both connectors over one tier: a KV leg of one chunk and a state leg of
 /// one entry, both `leg_bytes` long, so each leg is one tier get and one copy. Inline
@@ -347,7 +331,7 @@ struct JointRig {
         k3(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(tier),
            RecurrentState<JointTier>(tier), k3_group),
         serial(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(tier),
-               SerialRecurrentState<JointTier>{RecurrentState<JointTier>(tier)}, serial_group) {
+               StateAfterKv<RecurrentState<JointTier>>(RecurrentState<JointTier>(tier)), serial_group) {
     const PrefixHash chunk{0x1001}, checkpoint{0x2002};
     (void)tier.put(tier_key(geo, chunk, EntryKind::kv_chunk), pattern(geo.chunk_bytes(), 1));
     (void)tier.put(tier_key(geo, checkpoint, EntryKind::state), pattern(geo.slot_bytes, 2));

@@ -244,6 +244,12 @@ TEST_CASE("R1 a request with neither leg reports invalid_spec once per rank on e
     TpQuorum quorum{TpQuorumOptions{kWorld, 3, 1024}};
     legless_request_is_refused<KimiK3Connector<Mem, Mem, TpQuorum>>(quorum, kWorld);
   }
+  SUBCASE("KimiK3SerialConnector") {
+    SingleRank single;
+    legless_request_is_refused<KimiK3SerialConnector<Mem, Mem, SingleRank>>(single, 1);
+    TpQuorum quorum{TpQuorumOptions{kWorld, 3, 1024}};
+    legless_request_is_refused<KimiK3SerialConnector<Mem, Mem, TpQuorum>>(quorum, kWorld);
+  }
 }
 
 TEST_CASE("presets: DenseConnector loads and stores real bytes across 4 ranks") {
@@ -256,6 +262,10 @@ TEST_CASE("presets: Dsv4Connector loads and stores real bytes across 4 ranks") {
 
 TEST_CASE("presets: KimiK3Connector loads and stores real bytes across 4 ranks") {
   run_preset<KimiK3Connector<Mem>>();
+}
+
+TEST_CASE("presets: KimiK3SerialConnector loads and stores real bytes across 4 ranks") {
+  run_preset<KimiK3SerialConnector<Mem>>();
 }
 
 TEST_CASE("presets: KimiK3Connector over a DiskTier per rank") {

@@ -49,6 +49,7 @@
 #include <kvfuse/tier/pinned_source.hpp>
 #include <kvfuse/tier/memory_tier.hpp>
 #include <kvfuse/tier/disk_tier.hpp>
+#include <kvfuse/tier/tiered_tier.hpp>
 
 // devices
 #include <kvfuse/device/runtime.hpp>

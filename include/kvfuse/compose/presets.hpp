@@ -1,5 +1,5 @@
-// kvfuse/compose/presets.hpp — the three shipped compositions. Type aliases, nothing more:
-// the same Connector template serves every model, so a fix to it fixes all three. Each
+// kvfuse/compose/presets.hpp — the shipped compositions. Type aliases, nothing more:
+// the same Connector template serves every model, so a fix to it fixes them all. Each
 // leg names its own tier type, so "KV in a MemoryTier, state in a DiskTier" is a preset.
 #pragma once
 
@@ -25,5 +25,12 @@ using Dsv4Connector = Connector<PagedKv<KvTier>, SlotState<StateTier>, Group, R>
 /// record (R9). The state tier's type defaults to the KV tier's.
 template <Tier KvTier, Tier StateTier = KvTier, class Group = TpQuorum, Runtime R = HostRuntime>
 using KimiK3Connector = Connector<PagedKv<KvTier>, RecurrentState<StateTier>, Group, R>;
+
+/// K3 with the state leg after KV: the baseline the fused load is measured against. The
+/// same legs as KimiK3Connector, but the recurrent state runs on the load lane after the
+/// KV leg (StateAfterKv), so a joint load costs the sum of its legs and there is no state
+/// lane. For benchmarks and replay comparisons, not for serving.
+template <Tier KvTier, Tier StateTier = KvTier, class Group = TpQuorum, Runtime R = HostRuntime>
+using KimiK3SerialConnector = Connector<PagedKv<KvTier>, StateAfterKv<RecurrentState<StateTier>>, Group, R>;
 
 }  // namespace kvfuse

@@ -1,14 +1,16 @@
 // kvfuse/worker/state_legs.hpp — the shipped state legs: NoState, RecurrentState (Kimi-K3),
-// SlotState (DeepSeek-V4).
+// SlotState (DeepSeek-V4), and the StateAfterKv adapter that reorders any of them.
 //
 // All boundary checks of R11 live in check_state_spec, shared by both stateful legs, so a
 // slot outside the pool or a grid disagreement is refused the same way whatever the model.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
 #include <kvfuse/tier/tier.hpp>
@@ -207,6 +209,70 @@ class SlotState {
 
  private:
   T* tier_;  // null only when built on no_state_tier
+};
+
+namespace detail {
+/// `tier_type` of a leg that names one; nothing for a leg that does not.
+template <class Leg>
+struct LegTierType {};
+template <class Leg>
+  requires requires { typename Leg::tier_type; }
+struct LegTierType<Leg> {
+  using tier_type = typename Leg::tier_type;
+};
+}  // namespace detail
+
+/// Runs the state leg `Leg` after the KV leg, on the load lane, whatever order `Leg` asks
+/// for: the same load, save and entry_bytes, with `ordering = after_kv`. A joint load then
+/// costs the sum of its legs instead of the larger one: `StateAfterKv<RecurrentState<T>>`
+/// is Kimi-K3 serialized (KimiK3SerialConnector), the baseline the concurrent load (R9) is
+/// measured against. `Leg` must have a state leg (not NoState). Names `tier_type` when Leg
+/// does. Like Leg, it is thread-confined to the lane that calls it: load and save are
+/// called by the connector's lane threads, and are as noexcept (and as allocation-free)
+/// as Leg's.
+template <class Leg>
+class StateAfterKv : public detail::LegTierType<Leg> {
+  static_assert(Leg::ordering != StateOrdering::none, "StateAfterKv needs a state leg; NoState has none");
+
+ public:
+  static constexpr StateOrdering ordering = StateOrdering::after_kv;
+  using inner_type = Leg;
+
+  /// Wraps `inner`. Any thread, before use; noexcept if moving Leg is.
+  explicit StateAfterKv(Leg inner) noexcept(std::is_nothrow_move_constructible_v<Leg>) : inner_(std::move(inner)) {}
+
+  /// Builds the inner leg in place from what Leg is built from (a tier, or no_state_tier),
+  /// so code that builds a preset's state leg from its tier works unchanged for this one.
+  /// Any thread, before use; throws what Leg's constructor throws.
+  template <class Arg>
+    requires(!std::same_as<std::remove_cvref_t<Arg>, StateAfterKv> && !std::same_as<std::remove_cvref_t<Arg>, Leg> &&
+             std::constructible_from<Leg, Arg &&>)
+  explicit StateAfterKv(Arg&& arg) noexcept(std::is_nothrow_constructible_v<Leg, Arg&&>)
+      : inner_(std::forward<Arg>(arg)) {}
+
+  /// Leg's entry size for `geometry`. Any thread.
+  static constexpr std::size_t entry_bytes(const RankGeometry& geometry) noexcept { return Leg::entry_bytes(geometry); }
+
+  /// Leg's load, unchanged; the connector calls it on the load lane after the KV leg.
+  template <Runtime R>
+  StateVerdict load(const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) noexcept(
+      noexcept(std::declval<Leg&>().load(spec, kv, lane))) {
+    return inner_.load(spec, kv, lane);
+  }
+
+  /// Leg's save, unchanged (saves run on the save lane whatever the ordering).
+  template <Runtime R>
+  SaveVerdict save(const StateSave& save, LaneContext<R>& lane) noexcept(
+      noexcept(std::declval<Leg&>().save(save, lane))) {
+    return inner_.save(save, lane);
+  }
+
+  /// The wrapped leg. The lane thread that owns it, or any thread before use.
+  [[nodiscard]] Leg& inner() noexcept { return inner_; }
+  [[nodiscard]] const Leg& inner() const noexcept { return inner_; }
+
+ private:
+  Leg inner_;
 };
 
 }  // namespace kvfuse
