@@ -369,6 +369,7 @@ DiskTierStats disk_tier_stats() {
 }
 
 LoopbackPd::Stats loopback_pd_stats() { return LoopbackPd::Stats{11001, 11002, 11003, 11004}; }
+TieredTierStats tiered_tier_stats() { return TieredTierStats{12001, 12002, 12003, 12004, 12005, 12006, 12007, 12008}; }
 
 double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
@@ -493,6 +494,15 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_loopback_pd_cancelled_total", "", false, uint64_t{11002}},
       {"kvfuse_loopback_pd_transfers_total", "", false, uint64_t{11003}},
       {"kvfuse_loopback_pd_bytes_total", "", false, uint64_t{11004}},
+
+      {"kvfuse_tiered_tier_front_hits_total", "", true, uint64_t{12001}},
+      {"kvfuse_tiered_tier_back_hits_total", "", true, uint64_t{12002}},
+      {"kvfuse_tiered_tier_misses_total", "", true, uint64_t{12003}},
+      {"kvfuse_tiered_tier_failures_total", "", true, uint64_t{12004}},
+      {"kvfuse_tiered_tier_promotions_total", "", true, uint64_t{12005}},
+      {"kvfuse_tiered_tier_promote_failures_total", "", true, uint64_t{12006}},
+      {"kvfuse_tiered_tier_put_failures_total", "", true, uint64_t{12007}},
+      {"kvfuse_tiered_tier_front_put_failures_total", "", true, uint64_t{12008}},
   };
 }
 
@@ -508,6 +518,7 @@ PrometheusText full_exposition() {
   text.add(save_fence_stats(), {{"rank", "3"}});
   text.add(memory_tier_stats(), {{"rank", "3"}});
   text.add(disk_tier_stats(), {{"rank", "3"}});
+  text.add(tiered_tier_stats(), {{"rank", "3"}});
   text.add(loopback_pd_stats());
   return text;
 }
@@ -523,7 +534,7 @@ TEST_CASE("prometheus: every field of every stats struct comes back exactly unde
   const std::vector<Expected> expected = expected_samples();
   std::set<std::string> expected_families;
   for (const Expected& e : expected) expected_families.insert(e.family);
-  CHECK(expected_families.size() == 101);
+  CHECK(expected_families.size() == 109);
   CHECK(parsed.families.size() == expected_families.size());
   CHECK(text.family_count() == expected_families.size());
   CHECK(text.sample_count() == expected.size());

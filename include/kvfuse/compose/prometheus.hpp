@@ -177,6 +177,13 @@ class PrometheusText {
     collect(b, detail::metrics::tier_prefix, detail::metrics::disk_tier_fields, stats);
     commit(std::move(b));
   }
+  /// One TieredTier::stats(): families `kvfuse_tiered_tier_*` (add the front's and the
+  /// back's own stats beside it). Owner thread; allocates.
+  void add(const TieredTierStats& stats, MetricLabels labels = {}) {
+    Batch b{render_labels(labels, {}), {}};
+    collect(b, detail::metrics::tiered_tier_prefix, detail::metrics::tiered_tier_fields, stats);
+    commit(std::move(b));
+  }
   /// LoopbackPd::stats(): families `kvfuse_loopback_pd_*`. Owner thread; allocates.
   void add(const LoopbackPd::Stats& stats, MetricLabels labels = {}) {
     Batch b{render_labels(labels, {}), {}};

@@ -30,6 +30,7 @@
 #include <kvfuse/engine/index_options.hpp>
 #include <kvfuse/tier/disk_tier.hpp>
 #include <kvfuse/tier/memory_tier.hpp>
+#include <kvfuse/tier/tiered_tier.hpp>
 #include <kvfuse/worker/connector.hpp>
 
 namespace kvfuse {
@@ -247,6 +248,18 @@ inline constexpr Field<DiskTierStats> disk_tier_fields[] = {
     counter<&DiskTierStats::io_errors>("io_errors", "Failed system calls."),
 };
 
+inline constexpr std::string_view tiered_tier_prefix = "kvfuse_tiered_tier";
+inline constexpr Field<TieredTierStats> tiered_tier_fields[] = {
+    counter<&TieredTierStats::front_hits>("front_hits", "Gets the front tier served."),
+    counter<&TieredTierStats::back_hits>("back_hits", "Gets the back tier served after the front missed or failed."),
+    counter<&TieredTierStats::misses>("misses", "Gets neither tier could serve: a miss."),
+    counter<&TieredTierStats::failures>("failures", "Gets that failed: the back failed, or the front failed and the back missed."),
+    counter<&TieredTierStats::promotions>("promotions", "Back hits copied into the front."),
+    counter<&TieredTierStats::promote_failures>("promote_failures", "Back hits whose copy the front refused."),
+    counter<&TieredTierStats::put_failures>("put_failures", "Puts the back refused (put returned false)."),
+    counter<&TieredTierStats::front_put_failures>("front_put_failures", "Puts the back stored and the front refused."),
+};
+
 inline constexpr std::string_view loopback_pd_prefix = "kvfuse_loopback_pd";
 inline constexpr Field<LoopbackPd::Stats> loopback_pd_fields[] = {
     counter<&LoopbackPd::Stats::offered>("offered", "matched_tokens calls that offered tokens."),
@@ -298,7 +311,7 @@ static_assert(valid_table(index_prefix, index_fields) && valid_table(coordinator
               valid_table(rank_queue_prefix, queue_fields) && valid_table(group_queue_prefix, queue_fields) &&
               valid_table(connector_prefix, connector_fields) && valid_table(save_fence_prefix, save_fence_fields) &&
               valid_table(tier_prefix, memory_tier_fields) && valid_table(tier_prefix, disk_tier_fields) &&
-              valid_table(loopback_pd_prefix, loopback_pd_fields),
+              valid_table(tiered_tier_prefix, tiered_tier_fields) && valid_table(loopback_pd_prefix, loopback_pd_fields),
               "a metric table has a bad prefix or name, a name spelled with _total, an empty help, or a repeated name");
 
 // Every field has its line (the nested PumpStats::group and GroupStats::queues are written
@@ -312,6 +325,7 @@ static_assert(field_count<ConnectorStats>() == std::size(connector_fields), "Con
 static_assert(field_count<SaveFenceStats>() == std::size(save_fence_fields), "SaveFenceStats: a field has no line");
 static_assert(field_count<MemoryTierStats>() == std::size(memory_tier_fields), "MemoryTierStats: a field has no line");
 static_assert(field_count<DiskTierStats>() == std::size(disk_tier_fields), "DiskTierStats: a field has no line");
+static_assert(field_count<TieredTierStats>() == std::size(tiered_tier_fields), "TieredTierStats: a field has no line");
 static_assert(field_count<LoopbackPd::Stats>() == std::size(loopback_pd_fields), "LoopbackPd::Stats: a field has no line");
 
 /// One family as spelled by a table line: `<prefix>_<name>[_total]`.
@@ -347,7 +361,8 @@ constexpr std::size_t spell(Spelling* out, std::string_view prefix, const Field<
 consteval bool families_agree() {
   Spelling all[std::size(index_fields) + std::size(coordinator_fields) + std::size(pump_fields) + std::size(group_fields) +
                2 * std::size(queue_fields) + std::size(connector_fields) + std::size(save_fence_fields) +
-               std::size(memory_tier_fields) + std::size(disk_tier_fields) + std::size(loopback_pd_fields)]{};
+               std::size(memory_tier_fields) + std::size(disk_tier_fields) + std::size(tiered_tier_fields) +
+               std::size(loopback_pd_fields)]{};
   std::size_t n = 0;
   n += spell(all + n, index_prefix, index_fields);
   n += spell(all + n, coordinator_prefix, coordinator_fields);
@@ -359,6 +374,7 @@ consteval bool families_agree() {
   n += spell(all + n, save_fence_prefix, save_fence_fields);
   n += spell(all + n, tier_prefix, memory_tier_fields);
   n += spell(all + n, tier_prefix, disk_tier_fields);
+  n += spell(all + n, tiered_tier_prefix, tiered_tier_fields);
   n += spell(all + n, loopback_pd_prefix, loopback_pd_fields);
   for (std::size_t i = 0; i < n; ++i)
     for (std::size_t j = 0; j < i; ++j)
