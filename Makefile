@@ -8,11 +8,13 @@ CMAKE_COMMON = -DKVFUSE_WERROR=ON
 deps:
 	@scripts/deps.sh
 
-# The main job: build and run the demo, which prints its report.
+# The main job: build kvfuse-replay and run it on its default workload (every model, every
+# fault, two passes); it prints its report. REPLAY_ARGS adds options (see --help).
+REPLAY_ARGS ?=
 demo: deps
 	cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) -DKVFUSE_BUILD_BENCH=OFF
-	cmake --build build/release --target kvfuse_demo -j $(JOBS)
-	./build/release/examples/kvfuse_demo
+	cmake --build build/release --target kvfuse_replay -j $(JOBS)
+	./build/release/examples/kvfuse-replay --two-pass $(REPLAY_ARGS)
 
 # The whole suite: -Werror build + ctest, then again under ASan+UBSan, then the
 # multi-threaded tests under ThreadSanitizer.

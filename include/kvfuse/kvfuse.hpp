@@ -61,3 +61,4 @@
 #include <kvfuse/compose/multi.hpp>
 #include <kvfuse/compose/loopback_pd.hpp>
 #include <kvfuse/compose/configured.hpp>
+#include <kvfuse/compose/prometheus.hpp>

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""The replay's tests (run by ctest): run kvfuse-replay, read its JSON report, and check it.
+
+  check_replay.py faults REPLAY         every model, every fault, two passes: the five zeros,
+                                        and every fault and load kind really happened
+  check_replay.py trace REPLAY TRACE    the first 200 requests of a trace: the five zeros
+  check_replay.py bound REPLAY TRACE    unlimited tier + synchronous saves: reused tokens within
+                                        [0.99, 1.0] of the trace's reuse bound
+  check_replay.py usage REPLAY TRACE    bad arguments and input exit 2 and name the bad value
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ZEROS = ["invariant_violations", "corrupted_bytes", "stranded_parked", "leaked_slots", "two_pass_delta"]
+
+
+def fail(message):
+    print("FAIL: " + message)
+    sys.exit(1)
+
+
+def fast_dir():
+    """The disk tiers' files on tmpfs when there is one: the same files, a tenth of the time."""
+    return ["--dir", "/dev/shm"] if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else []
+
+
+def run(replay, args, expect_rc=0):
+    args = [*args, *fast_dir()]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "report.json")
+        metrics = os.path.join(tmp, "metrics.prom")
+        proc = subprocess.run([replay, *args, "--json", out, "--metrics-out", metrics],
+                              capture_output=True, text=True, timeout=1200)
+        print(proc.stdout)
+        if proc.returncode != expect_rc:
+            print(proc.stderr)
+            fail(f"exit status {proc.returncode}, expected {expect_rc}")
+        with open(out) as f:
+            report = json.load(f)
+        with open(metrics) as f:
+            text = f.read()
+    if "# TYPE kvfuse_" not in text:
+        fail("--metrics-out wrote no kvfuse_ metric families")
+    return report
+
+
+def check_zeros(report, two_pass):
+    if not report["ok"]:
+        fail("report says not ok")
+    for name, model in report["models"].items():
+        for z in ZEROS:
+            if model["must_be_zero"][z] != 0:
+                fail(f"{name}: {z} = {model['must_be_zero'][z]}")
+        if model["verified_bytes"] == 0:
+            fail(f"{name}: no byte was checked: the replay restored nothing")
+        if model["requests"]["completed"] == 0:
+            fail(f"{name}: no request completed")
+        if two_pass and model["two_pass"]["compared"] < model["requests"]["completed"] // 2:
+            fail(f"{name}: two passes compared only {model['two_pass']['compared']} outputs")
+
+
+def faults(replay):
+    # 320 blocks of 64 tokens: far less HBM than the sessions need, so prefixes come back from the tier
+    report = run(replay, ["--sessions", "10", "--turns", "5", "--ranks", "4", "--two-pass", "--tier-capacity", "256KiB",
+                          "--blocks", "320"])
+    check_zeros(report, True)
+    models = report["models"]
+    if set(models) != {"dense", "dsv4", "k3", "multi"}:
+        fail(f"models replayed: {sorted(models)}")
+    def total(f):
+        return sum(f(m) for m in models.values())
+    if total(lambda m: m["faults"]["rank_deaths"]) == 0 or total(lambda m: m["faults"]["disk_reopens"]) == 0:
+        fail("the rank death or the disk reopen never happened")
+    if total(lambda m: m["faults"]["aborts"]) + total(lambda m: m["faults"]["preemptions"]) == 0:
+        fail("no request was aborted or preempted mid-load")
+    if total(lambda m: m["faults"]["state_entries_removed"]) == 0:
+        fail("no state entry was removed from a rank")
+    if total(lambda m: m["hashes_retracted"]) == 0:
+        fail("no hash was retracted although state entries were removed")
+    for kind in ["kv_only", "joint", "state_only"]:
+        if total(lambda m: m["loads"][kind]) == 0:
+            fail(f"no {kind} load happened")
+    if models["multi"]["loads"]["pd_transfer"] == 0:
+        fail("multi: the P/D sub never won")
+    if "joint_state_after_kv" not in models["k3"]["latency"]:
+        fail("k3: no latency with the state leg after KV")
+
+
+def trace(replay, path):
+    report = run(replay, ["--trace", path, "--limit", "200", "--ranks", "4"])
+    check_zeros(report, False)
+    if report["workload"]["requests"] != 200:
+        fail(f"replayed {report['workload']['requests']} requests, not 200")
+    bound = report["workload"]["reuse_bound_tokens"]
+    for name, m in report["models"].items():
+        used = m["reused_tokens"]["hbm"] + m["reused_tokens"]["tier"]
+        if m["reused_tokens"]["tier"] == 0:
+            fail(f"{name}: the tier served nothing")
+        if name == "dense" and used > bound:
+            fail(f"{name}: reused {used} tokens, above the trace's bound {bound}: a false hit")
+
+
+def bound(replay, path):
+    report = run(replay, ["--trace", path, "--limit", "200", "--ranks", "2", "--model", "dense", "--faults", "none",
+                          "--tier-capacity", "unlimited", "--sync-saves"])
+    check_zeros(report, False)
+    b = report["workload"]["reuse_bound_tokens"]
+    m = report["models"]["dense"]
+    used = m["reused_tokens"]["hbm"] + m["reused_tokens"]["tier"]
+    print(f"reused {used} of the bound {b} ({100.0 * used / b:.2f}%)")
+    if used > b:
+        fail(f"reused {used} > bound {b}: a false hit")
+    if used < 0.99 * b:
+        fail(f"reused {used} < 99% of the bound {b}")
+
+
+def usage(replay, path):
+    with tempfile.TemporaryDirectory() as tmp:
+        bad_line = os.path.join(tmp, "bad.jsonl")
+        with open(path) as f, open(bad_line, "w") as out:
+            out.write(f.readline())
+            out.write(f.readline())
+            out.write('{"timestamp": 5, "input_length": "many", "output_length": 3, "hash_ids": [1]}\n')
+        not_json = os.path.join(tmp, "not.jsonl")
+        with open(not_json, "w") as out:
+            out.write('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{oops\n')
+        unreadable = os.path.join(tmp, "missing.jsonl")
+        json_out = os.path.join(tmp, "never.json")
+        cases = [
+            (["--model", "gpt"], "gpt"),
+            (["--faults", "evict,meteor"], "meteor"),
+            (["--trace", unreadable], "missing.jsonl"),
+            (["--trace", bad_line], ":3:"),
+            (["--trace", not_json], ":2:"),
+            (["--tier-capacity", "0"], "--tier-capacity"),
+            (["--tier-capacity", "-5"], "-5"),
+            (["--ranks", "0"], "--ranks"),
+            (["--sessions", "-1"], "-1"),
+            (["--blocks", "0"], "--blocks"),
+        ]
+        for args, needle in cases:
+            proc = subprocess.run([replay, *args, "--json", json_out], capture_output=True, text=True, timeout=60)
+            if proc.returncode != 2:
+                fail(f"{args}: exit status {proc.returncode}, expected 2\n{proc.stdout}{proc.stderr}")
+            if needle not in proc.stderr or "usage" not in proc.stderr.lower():
+                fail(f"{args}: the message does not name {needle!r} with the usage:\n{proc.stderr}")
+            if os.path.exists(json_out):
+                fail(f"{args}: wrote {json_out} although it failed")
+            print(f"ok: {' '.join(args)} -> exit 2: {proc.stderr.splitlines()[0]}")
+
+
+if __name__ == "__main__":
+    what, replay_bin, *rest = sys.argv[1:]
+    {"faults": faults, "trace": trace, "bound": bound, "usage": usage}[what](replay_bin, *rest)
+    print("ok")
