@@ -5,19 +5,20 @@
 #   docs/img/joint_latency.png      BM_JointSweep (kvfuse_bench_connector.json): Kimi-K3 joint
 #                                   load latency against leg size, concurrent lanes versus
 #                                   the state leg after KV
-#   docs/img/reuse_vs_capacity.png  replay_capacity_*.json: the dense model's reused tokens
+#   docs/img/reuse_vs_capacity.png  replay_capacity_<N>MiB.json and replay_capacity_unlimited.json
+#                                   (bench/report.py's kvfuse-replay runs): the dense model's reused tokens
 #                                   (hbm + tier) against the per-rank memory-tier capacity,
 #                                   with the trace's reuse bound
 #
-#   bench/plot.sh [RESULTS_DIR [IMG_DIR]]   defaults: build/bench-results, docs/img
+#   bench/plot.sh [RESULTS_DIR [IMG_DIR]]   defaults: build/bench-results, docs/img of the repository
 #
 # A plot whose JSON is missing is skipped with a message (exit 0); exit 1 if there was
 # nothing to draw at all. Python's json module reads the JSON; gnuplot (Debian's
 # gnuplot-nox, terminal pngcairo) draws.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-results=${1:-build/bench-results}
-img=${2:-docs/img}
+root=$(cd "$(dirname "$0")/.." && pwd)
+results=$(realpath -m "${1:-$root/build/bench-results}")
+img=$(realpath -m "${2:-$root/docs/img}")
 command -v gnuplot >/dev/null || { echo "plot.sh: gnuplot not found (scripts/deps.sh installs gnuplot-nox)" >&2; exit 1; }
 mkdir -p "$img"
 work=$(mktemp -d)
@@ -75,25 +76,32 @@ fi
 # One line per capacity, smallest first, "unlimited" last: x position, label, hbm, tier,
 # hbm + tier; a comment line carries the reuse bound.
 python3 - "$results" >"$work/reuse.dat" <<'PY' || true
-import glob, json, os, sys
+import glob, json, os, re, sys
 points, bound = [], None
 for path in glob.glob(os.path.join(sys.argv[1], "replay_capacity_*.json")):
-    cap = os.path.basename(path)[len("replay_capacity_"):-len(".json")]
+    m = re.fullmatch(r"replay_capacity_(?:(\d+)MiB|unlimited)\.json", os.path.basename(path))
+    if not m:
+        continue
+    cap = float("inf") if m.group(1) is None else int(m.group(1)) << 20
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
         reused = doc["models"]["dense"]["reused_tokens"]
         hbm, tier = float(reused["hbm"]), float(reused["tier"])
         bound = float(doc["workload"]["reuse_bound_tokens"])
+        requests = int(doc["workload"]["requests"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"plot.sh: {path}: {e}", file=sys.stderr)
         continue
-    points.append((float("inf") if cap == "unlimited" else int(cap), hbm, tier))
+    points.append((cap, hbm, tier))
 if not points or bound is None:
     sys.exit(1)  # the shell says what was skipped
 points.sort()
 finite = [p[0] for p in points if p[0] != float("inf")]
 print(f"# bound {bound:g}")
+print(f"# requests {requests}")
+xs = [max(finite) * 2 if p[0] == float("inf") else p[0] for p in points] if finite else [1 << 30]
+print(f"# xrange {min(xs) / 2**20 / 1.3:g} {max(xs) / 2**20 * 1.3:g}")
 for cap, hbm, tier in points:
     if cap == float("inf"):  # one doubling right of the largest finite capacity
         x, label = (max(finite) * 2 if finite else 1 << 30) / 2**20, "unlimited"
@@ -104,17 +112,20 @@ for cap, hbm, tier in points:
 PY
 if grep -q '^[0-9]' "$work/reuse.dat"; then
   bound=$(sed -n 's/^# bound //p' "$work/reuse.dat")
+  requests=$(sed -n 's/^# requests //p' "$work/reuse.dat")
+  read -r xmin xmax < <(sed -n 's/^# xrange //p' "$work/reuse.dat")
   gnuplot <<GP
 set terminal pngcairo size 900,560 enhanced font "sans,11"
 set output "$img/reuse_vs_capacity.png"
-set title "Dense model, shipped trace, 2 ranks, memory tier: prefix tokens reused\nagainst the tier's capacity per rank"
+set title "Dense model, 2 ranks, memory tier only, ${requests} requests of the shipped trace:\nprompt tokens reused against the tier's capacity per rank (kvfuse-replay, no faults)"
 set xlabel "memory-tier capacity per rank"
 set ylabel "reused prompt tokens"
 set logscale x 2
+set xrange [${xmin}:${xmax}]
 set format y "%.0s%c"
 set yrange [0:${bound} * 1.12]
 set grid
-set key bottom right
+set key right center
 plot "$work/reuse.dat" using 1:5:xtic(2) with linespoints lw 2 pt 7 title "reused: HBM hits + tier loads", \
      "" using 1:3 with linespoints lw 1 dt 2 pt 6 title "of which HBM hits", \
      ${bound} with lines lw 2 dt 3 lc rgb "black" title "the trace's reuse bound"

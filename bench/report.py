@@ -27,7 +27,7 @@ import datetime
 import glob
 import json
 import os
-import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +43,8 @@ class Results:
         self.by_binary: dict[str, dict[str, dict]] = {}
 
     def load(self, binary: str, path: str) -> None:
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            return  # the binary ran no benchmark (--filter)
         try:
             with open(path, encoding="utf-8") as f:
                 doc = json.load(f)
@@ -96,7 +98,7 @@ class Table:
         if op:
             self.targets += 1
         if value is None:
-            print(f"  {label:<80} {'n/a':>12}  {target_text:<14} {'(did not run)' if op else ''}")
+            print(f"  {label:<80} {'n/a':>12}  {target_text:<14} {'(did not run)' if op else ''}".rstrip())
             if op:
                 self.misses += 1
             return
@@ -105,7 +107,7 @@ class Table:
             verdict = "PASS" if self.OPS[op](value, target) else "MISS"
             if verdict == "MISS":
                 self.misses += 1
-        print(f"  {label:<80} {self.shown(value, unit) + ' ' + unit:>12}  {target_text:<14} {verdict}")
+        print(f"  {label:<80} {self.shown(value, unit) + ' ' + unit:>12}  {target_text:<14} {verdict}".rstrip())
 
     @staticmethod
     def section(text: str) -> None:
@@ -151,13 +153,15 @@ def run_binaries(bench_dir: str, out_dir: str, args: argparse.Namespace, results
 
 
 # The replay runs: one throughput run over every model, and the dense model's reuse against
-# the per-rank capacity of a memory tier (bench/plot.sh draws it). Capacities in bytes;
-# "unlimited" last.
+# the per-rank capacity of a memory tier (bench/plot.sh draws it), "unlimited" last. On the
+# shipped trace the dense model's tier holds about 150 MiB per rank at the end, so the sweep
+# runs from a few percent of that to more than all of it. Each run of the whole trace takes
+# about 5 s on two cores.
 REPLAY_MODELS = ("dense", "dsv4", "k3", "multi")
-REPLAY_THROUGHPUT = "replay_throughput.json"
+THROUGHPUT_PREFIX = "replay_throughput_"  # one JSON per repetition: replay_throughput_<i>.json
 CAPACITY_PREFIX = "replay_capacity_"
-CAPACITY_LIMIT = 200
-CAPACITIES = tuple(str(mib << 20) for mib in (64, 128, 256, 512, 1024, 2048)) + ("unlimited",)
+CAPACITY_LIMIT = 0  # the whole trace
+CAPACITIES = tuple(f"{mib}MiB" for mib in (2, 4, 8, 16, 32, 64, 128)) + ("unlimited",)
 
 
 def run_replay(args: argparse.Namespace, out_dir: str) -> int:
@@ -167,26 +171,24 @@ def run_replay(args: argparse.Namespace, out_dir: str) -> int:
         print(f"  (no replay binary at {args.replay}: its rows and the reuse plot are skipped)")
         return 0
     status = 0
-    runs = [(REPLAY_THROUGHPUT, ["--limit", str(args.replay_limit), "--model", ",".join(REPLAY_MODELS),
-                                 "--tier", "memory", "--tier-capacity", "unlimited"])]
+    for stale in glob.glob(os.path.join(out_dir, "replay_*.json")):
+        os.remove(stale)
+    runs = [(f"{THROUGHPUT_PREFIX}{i}.json", ["--limit", str(args.replay_limit), "--model", ",".join(REPLAY_MODELS),
+                                              "--tier", "memory", "--tier-capacity", "unlimited"])
+            for i in range(1, max(1, args.repetitions) + 1)]
     for cap in CAPACITIES:
+        limit = ["--limit", str(args.capacity_limit)] if args.capacity_limit > 0 else []
         runs.append((f"{CAPACITY_PREFIX}{cap}.json",
-                     ["--limit", str(args.capacity_limit), "--model", "dense", "--ranks", "2", "--tier", "memory",
-                      "--tier-capacity", cap]))
+                     [*limit, "--model", "dense", "--ranks", "2", "--tier", "memory", "--tier-capacity", cap]))
     for out_name, extra in runs:
         out = os.path.join(out_dir, out_name)
-        if os.path.exists(out):
-            os.remove(out)
         log = out[: -len(".json")] + ".log"
-        scratch = tempfile.mkdtemp(prefix="kvfuse-replay.", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-        cmd = [args.replay, "--trace", args.trace, "--faults", "none", "--dir", scratch, "--json", out, *extra]
+        # --dir: the replay makes its scratch directory under it and removes it at exit
+        cmd = [args.replay, "--trace", args.trace, "--faults", "none", "--dir", args.replay_dir, "--json", out, *extra]
         print(f"  running kvfuse-replay {' '.join(extra)} ...", end="", flush=True)
         t0 = time.monotonic()
-        try:
-            with open(log, "w", encoding="utf-8") as f:
-                rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+        with open(log, "w", encoding="utf-8") as f:
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
         print(f" {time.monotonic() - t0:.0f} s", flush=True)
         if rc != 0:
             print(f"report.py: kvfuse-replay failed (exit status {rc}); its output: {log}", file=sys.stderr)
@@ -228,7 +230,7 @@ def report(r: Results, out_dir: str, trace: str) -> int:
         f"== kvfuse: the targets table (bench/README.md), every figure from this run ({now}, "
         f"{os.cpu_count()} CPUs, load average {load}) =="
     )
-    print(f"  {'what':<80} {'measured':>12}  {'target':<14}")
+    print(f"  {'what':<80} {'measured':>12}  target")
 
     t.section("engine index (kvfuse_bench_offload_index)")
     t.row("stats() with the full audit, 2^20 indexed hashes", m(idx, "BM_Stats/1048576", "real_time"), "ns", "<", 1000)
@@ -350,17 +352,21 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     t.row("DiskTier 4 MiB hit (page cache, checksummed) / memcpy bytes/s",
           ratio(m(tiers, "disk_tier_hit_4MiB/real_time", "bytes_per_second"), memcpy_bps), "x")
     t.section(f"replay (kvfuse-replay; {trace}, memory tier, no faults)")
-    doc = load_json(os.path.join(out_dir, REPLAY_THROUGHPUT))
-    limit = number(doc, "workload", "requests")
-    ok = "" if doc is None or doc.get("ok") is True else " (the run reported ok: false)"
+    docs = [d for d in (load_json(p) for p in sorted(glob.glob(os.path.join(out_dir, THROUGHPUT_PREFIX + "*.json"))))
+            if d is not None]
+    limit = number(docs[0], "workload", "requests") if docs else None
+    what = f"{limit:.0f} requests" if limit is not None else "the trace"
+    ok = "" if all(d.get("ok") is True for d in docs) else " (a run reported ok: false)"
     for model in REPLAY_MODELS:
-        what = f"{limit:.0f} requests" if limit is not None else "the trace"
-        t.row(f"replay throughput, {model} model, {what}{ok}", number(doc, "models", model, "requests_per_second"),
-              "req/s", note="informative")
+        rates = [x for x in (number(d, "models", model, "requests_per_second") for d in docs) if x is not None]
+        t.row(f"replay throughput, {model} model, {what}, median of {len(rates)}{ok}",
+              statistics.median(rates) if rates else None, "req/s", note="informative")
     cap = load_json(os.path.join(out_dir, f"{CAPACITY_PREFIX}unlimited.json"))
     reused = [number(cap, "models", "dense", "reused_tokens", where) for where in ("hbm", "tier")]
     total = None if None in reused else sum(x for x in reused if x is not None)
-    t.row("dense, 2 ranks, unlimited memory tier: reused tokens (hbm + tier) / reuse bound",
+    requests = number(cap, "workload", "requests")
+    ok = "" if cap is None or cap.get("ok") is True else " (ok: false)"
+    t.row(f"dense, 2 ranks, {requests or 0:.0f} requests, unlimited memory tier: reused / reuse bound{ok}",
           ratio(total, number(cap, "workload", "reuse_bound_tokens")), "x", note="informative")
     print("  standing staging bytes = lanes x buffer: asserted by the tests (R12), not timed here.")
     print(f"  {t.targets - t.misses} of {t.targets} targets met in this run.")
@@ -381,7 +387,9 @@ def main() -> int:
     ap.add_argument("--trace", default="traces/mooncake_synthetic_trace.jsonl", help="the trace the replay runs")
     ap.add_argument("--replay-limit", type=int, default=300, help="requests of the throughput run (default 300)")
     ap.add_argument("--capacity-limit", type=int, default=CAPACITY_LIMIT,
-                    help=f"requests of each capacity-sweep run (default {CAPACITY_LIMIT})")
+                    help="requests of each capacity-sweep run (default: the whole trace)")
+    ap.add_argument("--replay-dir", default="/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(),
+                    help="the replay's --dir (default /dev/shm)")
     args = ap.parse_args()
 
     results = Results()
