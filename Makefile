@@ -39,8 +39,9 @@ test-tsan:
 
 bench: deps
 	cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) -DKVFUSE_BUILD_BENCH=ON
-	cmake --build build/release --target kvfuse_benchmarks -j $(JOBS)
+	cmake --build build/release --target kvfuse_benchmarks kvfuse_replay -j $(JOBS)
 	bench/run.sh build/release/bench
+	bench/plot.sh build/bench-results docs/img
 
 clean:
 	rm -rf build

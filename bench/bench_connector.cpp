@@ -14,6 +14,11 @@
 //       The same with two 16 MiB memcpy legs and no delay. No target: both legs copy through
 //       one memory bus, and each needs a CPU of its own. apart:1 pins the load lanes to one
 //       CPU and the state lane to another (by thread name); apart:0 leaves it to the OS.
+//   BM_JointSweep/chunks:<1..64>/us_per_chunk:100
+//       The leg-size sweep bench/plot.sh draws (docs/img/joint_latency.png): a KV leg of
+//       1..64 chunks of 256 KiB against a state entry of the same size, both fetched at one
+//       rate (100 us of tier latency per 256 KiB), plus the copies. joint_ms (K3, concurrent
+//       lanes) and serial_ms (the state leg after KV) per size. No target.
 //   BM_DenseVsHandWritten/inline:1/chunks:64/one_cpu:1
 //       dense connector / hand-written chunked load of the same 64 x 1 MiB, target <= 1.02
 //       (zero cost). Other rows: 16 chunks, OS thread placement, threaded streams (with the
@@ -295,73 +300,80 @@ using K3 = KimiK3Connector<JointTier, JointTier, BellGroup>;
 /// The serialized baseline: Kimi-K3's recurrent state leg after the KV leg, on the load lane.
 using Serial = KimiK3SerialConnector<JointTier, JointTier, BellGroup>;
 
-/// One rank with both connectors over one tier: a KV leg of one chunk and a state leg of
-/// one entry, both `leg_bytes` long, so each leg is one tier get and one copy. Inline
-/// streams: each leg's copy runs on its own lane thread.
+/// One rank with both connectors: a KV leg of `chunks` chunks of `chunk_bytes` each (4 blocks
+/// per chunk, in order: one get and one copy per chunk) from a tier whose gets each take
+/// `kv_delay`, and a state leg of one entry of `state_bytes` (one get, one copy) from a tier
+/// whose get takes `state_delay`. Inline streams: each leg's copies run on its own lane
+/// thread. Used by BM_JointLoad (one chunk, equal legs) and BM_JointSweep (both legs growing
+/// together).
 struct JointRig {
   static constexpr std::uint32_t chunk_tokens = 64;
+  static constexpr std::uint64_t state_seed = 2, first_chunk_seed = 16;
   HostRuntime rt = make_runtime(true);
   RankGeometry geo;
   Buffer blocks;
   Buffer slots;
-  JointTier tier;
+  JointTier kv_tier, state_tier;
   BellGroup k3_group, serial_group;
   K3 k3;
   Serial serial;
   LoadRequest kv_only, state_only, joint;
 
-  static RankGeometry geometry(std::size_t leg_bytes) {
+  static RankGeometry geometry(std::uint32_t chunks, std::size_t chunk_bytes, std::size_t state_bytes) {
     RankGeometry g;
     g.model = 3;
     g.block_tokens = 16;
     g.chunk_tokens = chunk_tokens;
-    g.kv_bytes_per_token = leg_bytes / chunk_tokens;
-    g.num_blocks = chunk_tokens / g.block_tokens;
+    g.kv_bytes_per_token = chunk_bytes / chunk_tokens;
+    g.num_blocks = chunks * (chunk_tokens / g.block_tokens);
     g.num_slots = 1;
-    g.slot_bytes = leg_bytes;
-    g.max_chunks_per_load = 1;
+    g.slot_bytes = state_bytes;
+    g.max_chunks_per_load = chunks;
     return g;
   }
 
-  JointRig(std::chrono::nanoseconds delay, std::size_t leg_bytes)
-      : geo(geometry(leg_bytes)),
+  JointRig(std::chrono::nanoseconds kv_delay, std::chrono::nanoseconds state_delay, std::uint32_t chunks,
+           std::size_t chunk_bytes, std::size_t state_bytes)
+      : geo(geometry(chunks, chunk_bytes, state_bytes)),
         blocks(rt, geo.num_blocks * geo.block_bytes(), true),
         slots(rt, geo.slot_bytes, true),
-        tier(delay, 4 * leg_bytes),
-        k3(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(tier),
-           RecurrentState<JointTier>(tier), k3_group),
-        serial(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(tier),
-               StateAfterKv<RecurrentState<JointTier>>(RecurrentState<JointTier>(tier)), serial_group) {
-    const PrefixHash chunk{0x1001}, checkpoint{0x2002};
-    (void)tier.put(tier_key(geo, chunk, EntryKind::kv_chunk), pattern(geo.chunk_bytes(), 1));
-    (void)tier.put(tier_key(geo, checkpoint, EntryKind::state), pattern(geo.slot_bytes, 2));
-    const KvSpec kv{0, chunk_tokens, {chunk}, {BlockId{0}, BlockId{1}, BlockId{2}, BlockId{3}}};
-    const StateSpec st{chunk_tokens, checkpoint, SlotId{0}, geo.block_tokens, geo.chunk_tokens};
+        kv_tier(kv_delay, 2 * std::size_t{chunks} * geo.chunk_bytes()),
+        state_tier(state_delay, 2 * geo.slot_bytes),
+        k3(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(kv_tier),
+           RecurrentState<JointTier>(state_tier), k3_group),
+        serial(geo, rt, DeviceMemory{blocks.data(), slots.data()}, PagedKv<JointTier>(kv_tier),
+               StateAfterKv<RecurrentState<JointTier>>(RecurrentState<JointTier>(state_tier)), serial_group) {
+    const PrefixHash checkpoint{0x2002};
+    KvSpec kv{0, TokenCount{chunks} * chunk_tokens, {}, {}};
+    for (std::uint32_t c = 0; c < chunks; ++c) {
+      kv.chunk_keys.push_back(PrefixHash{0x1001 + c});
+      (void)kv_tier.put(tier_key(geo, kv.chunk_keys.back(), EntryKind::kv_chunk),
+                     pattern(geo.chunk_bytes(), first_chunk_seed + c));
+    }
+    for (std::uint32_t b = 0; b < geo.num_blocks; ++b) kv.blocks.push_back(BlockId{b});
+    (void)state_tier.put(tier_key(geo, checkpoint, EntryKind::state), pattern(geo.slot_bytes, state_seed));
+    const StateSpec st{kv.end, checkpoint, SlotId{0}, geo.block_tokens, geo.chunk_tokens};
     kv_only = LoadRequest{LoadKey{RequestId{1}, Generation{1}}, kv, std::nullopt};
     state_only = LoadRequest{LoadKey{RequestId{2}, Generation{2}}, std::nullopt, st};
-    joint = LoadRequest{LoadKey{RequestId{3}, Generation{3}}, kv, st};
+    joint = LoadRequest{LoadKey{RequestId{3}, Generation{3}}, std::move(kv), st};
   }
 
   /// True if the blocks and the slot hold what the tier holds (checked once, untimed).
   [[nodiscard]] bool bytes_arrived() const {
-    return std::memcmp(blocks.data(), pattern(geo.chunk_bytes(), 1).data(), geo.chunk_bytes()) == 0 &&
-           std::memcmp(slots.data(), pattern(geo.slot_bytes, 2).data(), geo.slot_bytes) == 0;
+    const std::size_t cb = geo.chunk_bytes();
+    for (std::size_t c = 0; c < joint.kv->chunk_keys.size(); ++c)
+      if (std::memcmp(blocks.data() + c * cb, pattern(cb, first_chunk_seed + c).data(), cb) != 0) return false;
+    return std::memcmp(slots.data(), pattern(geo.slot_bytes, state_seed).data(), geo.slot_bytes) == 0;
   }
 };
 
-void BM_JointLoad(benchmark::State& state) {
-  const auto delay = std::chrono::microseconds(state.range(0));
-  const auto leg_bytes = static_cast<std::size_t>(state.range(1)) << 10;
-  JointRig rig(delay, leg_bytes);
-  // apart:1 puts the load lanes on one CPU and the state lane on another. Otherwise the OS
-  // places them, and on a small VM it may well stack both on one CPU (wake-affine).
-  bool apart = false;
-  if (state.range(2) != 0) {
-    const auto [a, b] = two_cpus();
-    apart = a >= 0 && pin_threads_named("kvfuse-load", a) == 2 && pin_threads_named("kvfuse-state", b) == 1;
-  }
-
-  // Warm-up, and proof that both legs move the bytes.
+/// The one measurement both joint benchmarks share. Each iteration times, one after the other:
+/// a KV-only and a state-only load on the K3 connector, a joint load on it (the legs on their
+/// own lanes, concurrent), and the same joint load on the serial connector (the state leg
+/// after KV on the load lane). The iteration time is the concurrent joint load. Sets the
+/// counters kv_ms, state_ms, joint_ms, serial_ms (medians), joint_over_max and
+/// serial_over_max. A warm-up load on each connector proves both legs move the bytes first.
+void time_joint_legs(benchmark::State& state, JointRig& rig) {
   CompletionRecord rec;
   (void)timed_load(rig.serial, rig.serial_group, rig.joint, rec);
   const bool warm = kv_ok(rec) && state_ok(rec) && rig.bytes_arrived();
@@ -388,7 +400,6 @@ void BM_JointLoad(benchmark::State& state) {
   }
   if (!ok) state.SkipWithError("a load did not report kv ok / state restored");
   const double longer = std::max(kv.median(), st.median());
-  state.counters["apart"] = apart ? 1 : 0;
   state.counters["kv_ms"] = 1e3 * kv.median();
   state.counters["state_ms"] = 1e3 * st.median();
   state.counters["joint_ms"] = 1e3 * joint.median();
@@ -396,11 +407,48 @@ void BM_JointLoad(benchmark::State& state) {
   state.counters["joint_over_max"] = joint.median() / longer;
   state.counters["serial_over_max"] = serial.median() / longer;
 }
+
+void BM_JointLoad(benchmark::State& state) {
+  const auto delay = std::chrono::microseconds(state.range(0));
+  const auto leg_bytes = static_cast<std::size_t>(state.range(1)) << 10;
+  JointRig rig(delay, delay, 1, leg_bytes, leg_bytes);
+  // apart:1 puts the load lanes on one CPU and the state lane on another. Otherwise the OS
+  // places them, and on a small VM it may well stack both on one CPU (wake-affine).
+  bool apart = false;
+  if (state.range(2) != 0) {
+    const auto [a, b] = two_cpus();
+    apart = a >= 0 && pin_threads_named("kvfuse-load", a) == 2 && pin_threads_named("kvfuse-state", b) == 1;
+  }
+  time_joint_legs(state, rig);
+  state.counters["apart"] = apart ? 1 : 0;
+}
 BENCHMARK(BM_JointLoad)
     ->ArgNames({"delay_us", "leg_KiB", "apart"})
     ->Args({2000, 64, 0})
     ->Args({0, 16384, 0})
     ->Args({0, 16384, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+/// Bytes of one KV chunk in the leg-size sweep.
+constexpr std::size_t kSweepChunkBytes = std::size_t{256} << 10;
+
+/// The leg-size sweep (bench/plot.sh draws it): a KV leg of `chunks` x 256 KiB and a state
+/// entry of the same total size, both fetched at one rate: every 256 KiB costs `us_per_chunk`
+/// of tier latency (100 us: about 2.6 GB/s, a remote or NVMe fetch), so the KV tier's gets
+/// take us_per_chunk each and the state tier's one get takes chunks x us_per_chunk. The
+/// copies come on top. joint_ms (K3, concurrent lanes) and serial_ms (state after KV) per
+/// size; leg_KiB is the size of each leg. OS placement.
+void BM_JointSweep(benchmark::State& state) {
+  const auto chunks = static_cast<std::uint32_t>(state.range(0));
+  const auto per_chunk = std::chrono::microseconds(state.range(1));
+  JointRig rig(per_chunk, chunks * per_chunk, chunks, kSweepChunkBytes, chunks * kSweepChunkBytes);
+  time_joint_legs(state, rig);
+  state.counters["leg_KiB"] = static_cast<double>(chunks * kSweepChunkBytes >> 10);
+}
+BENCHMARK(BM_JointSweep)
+    ->ArgNames({"chunks", "us_per_chunk"})
+    ->ArgsProduct({benchmark::CreateRange(1, 64, 2), {100}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -933,9 +981,13 @@ class RatioReporter : public benchmark::ConsoleReporter {
   RatioReporter() : ConsoleReporter(OO_Tabular) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
+    // With --benchmark_repetitions the median of the repetitions replaces the first one.
     for (const Run& run : runs) {
-      if (run.error_occurred || run.run_type != Run::RT_Iteration) continue;
-      for (const auto& [name, counter] : run.counters) counters_[run.run_name.str()][name] = counter.value;
+      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
+      if (run.error_occurred || (run.run_type != Run::RT_Iteration && !median)) continue;
+      auto& values = counters_[run.run_name.str()];
+      for (const auto& [name, counter] : run.counters)
+        if (median || values.count(name) == 0) values[name] = counter.value;
     }
   }
   /// The counter `name` of the run whose name starts with `run`; negative if it did not run.

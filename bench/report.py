@@ -1,15 +1,20 @@
 #!/usr/bin/env python3
-"""Runs every kvfuse benchmark binary in a directory, then prints one table of the ratios
-bench/README.md sets targets for, each with its target and PASS/MISS.
+"""Runs every kvfuse benchmark binary in a directory (and the replay, when it is built), then
+prints one table of the ratios bench/README.md sets targets for, each with its target and
+PASS/MISS, plus informative rows.
 
     bench/report.py [BENCH_DIR]          default: build/release/bench
-    bench/report.py --json-dir DIR       no runs: read DIR/kvfuse_bench_*.json written before
+    bench/report.py --json-dir DIR       no runs: the table again from the JSON in DIR
 
-Every figure in the table comes from this run: each binary writes its results as JSON
-(--benchmark_out, --benchmark_out_format=json) next to its usual console table, and the
-table is read back from those files with Python's json module. Ratios whose two sides are
+Every figure in the table comes from this run: each binary runs --repetitions times
+(default 3) and writes its results as JSON (--benchmark_out, --benchmark_out_format=json);
+its console output goes to a log beside the JSON. The table is read back from those files
+with Python's json module, using the median of the repetitions. Ratios whose two sides are
 timed inside one benchmark are that benchmark's own counters; the others are computed here
-from two benchmarks of the same binary and the same run.
+from two benchmarks of the same binary and the same run. The replay (kvfuse-replay) writes
+JSON too: one throughput run over every model, and a sweep of the dense model's reuse over
+per-rank tier capacities, which bench/plot.sh draws. Everything lands in --out-dir
+(default build/bench-results), which bench/plot.sh and --json-dir read.
 
 Exit status: 1 if a binary failed, 2 on a usage error, else 0. A missed target is reported
 (MISS, and a count at the end), not turned into a failure: timings on a shared machine are
@@ -22,9 +27,11 @@ import datetime
 import glob
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 UNIT_NS = {"ns": 1.0, "us": 1e3, "ms": 1e6, "s": 1e9}
 
@@ -36,6 +43,8 @@ class Results:
         self.by_binary: dict[str, dict[str, dict]] = {}
 
     def load(self, binary: str, path: str) -> None:
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            return  # the binary ran no benchmark (--filter)
         try:
             with open(path, encoding="utf-8") as f:
                 doc = json.load(f)
@@ -48,9 +57,12 @@ class Results:
         self.by_binary[binary] = runs
 
     def metric(self, binary: str, name: str, key: str) -> float | None:
-        """KEY of the run named exactly NAME of BINARY; real_time/cpu_time in ns. None if the
-        binary, the run or the key is absent, or the run reported an error or was skipped."""
-        run = self.by_binary.get(binary, {}).get(name)
+        """KEY of the run named NAME of BINARY: the median of its repetitions (NAME_median)
+        when the binary ran with repetitions, else the run named exactly NAME;
+        real_time/cpu_time in ns. None if the binary, the run or the key is absent, or the
+        run reported an error or was skipped."""
+        runs = self.by_binary.get(binary, {})
+        run = runs.get(name + "_median", runs.get(name))
         if run is None or run.get("error_occurred") or run.get("skipped"):
             return None
         value = run.get(key)
@@ -78,12 +90,15 @@ class Table:
             return f"{value:.1f}"
         return f"{value:.2f}"
 
-    def row(self, label: str, value: float | None, unit: str, op: str = "", target: float | None = None) -> None:
-        target_text = f"{op} {target:g} {unit}" if op else ""
+    def row(self, label: str, value: float | None, unit: str, op: str = "", target: float | None = None,
+            note: str = "") -> None:
+        """One line: LABEL, VALUE in UNIT, the target (OP TARGET) and PASS/MISS; without OP the
+        row is informative and NOTE, if any, stands in the target column."""
+        target_text = f"{op} {target:g} {unit}" if op else note
         if op:
             self.targets += 1
         if value is None:
-            print(f"  {label:<80} {'n/a':>12}  {target_text:<14} {'(did not run)' if op else ''}")
+            print(f"  {label:<80} {'n/a':>12}  {target_text:<14} {'(did not run)' if op else ''}".rstrip())
             if op:
                 self.misses += 1
             return
@@ -92,7 +107,7 @@ class Table:
             verdict = "PASS" if self.OPS[op](value, target) else "MISS"
             if verdict == "MISS":
                 self.misses += 1
-        print(f"  {label:<80} {self.shown(value, unit) + ' ' + unit:>12}  {target_text:<14} {verdict}")
+        print(f"  {label:<80} {self.shown(value, unit) + ' ' + unit:>12}  {target_text:<14} {verdict}".rstrip())
 
     @staticmethod
     def section(text: str) -> None:
@@ -107,7 +122,7 @@ def scale(a: float | None, divisor: float) -> float | None:
     return None if a is None else a / divisor
 
 
-def run_binaries(bench_dir: str, out_dir: str, min_time: str, results: Results) -> int:
+def run_binaries(bench_dir: str, out_dir: str, args: argparse.Namespace, results: Results) -> int:
     status = 0
     binaries = sorted(
         p for p in glob.glob(os.path.join(bench_dir, "kvfuse_bench_*")) if os.path.isfile(p) and os.access(p, os.X_OK)
@@ -117,21 +132,89 @@ def run_binaries(bench_dir: str, out_dir: str, min_time: str, results: Results) 
         sys.exit(2)
     for path in binaries:
         name = os.path.basename(path)
-        out = os.path.join(out_dir, name + ".json")
-        print(f"=== {name} ===", flush=True)
-        rc = subprocess.call(
-            [path, f"--benchmark_min_time={min_time}", f"--benchmark_out={out}", "--benchmark_out_format=json"]
-        )
+        out, log = os.path.join(out_dir, name + ".json"), os.path.join(out_dir, name + ".log")
+        if os.path.exists(out):
+            os.remove(out)
+        cmd = [path, f"--benchmark_min_time={args.min_time}", f"--benchmark_repetitions={args.repetitions}",
+               "--benchmark_display_aggregates_only=true", f"--benchmark_out={out}", "--benchmark_out_format=json"]
+        if args.filter:
+            cmd.append(f"--benchmark_filter={args.filter}")
+        print(f"  running {name} ...", end="", flush=True)
+        t0 = time.monotonic()
+        with open(log, "w", encoding="utf-8") as f:
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+        print(f" {time.monotonic() - t0:.0f} s", flush=True)
         if rc != 0:
-            print(f"report.py: {name} failed (exit status {rc})", file=sys.stderr)
+            print(f"report.py: {name} failed (exit status {rc}); its output: {log}", file=sys.stderr)
             status = 1
         if os.path.isfile(out):
             results.load(name, out)
-        print(flush=True)
     return status
 
 
-def report(r: Results) -> int:
+# The replay runs: one throughput run over every model, and the dense model's reuse against
+# the per-rank capacity of a memory tier (bench/plot.sh draws it), "unlimited" last. On the
+# shipped trace the dense model's tier holds about 150 MiB per rank at the end, so the sweep
+# runs from a few percent of that to more than all of it. Each run of the whole trace takes
+# about 5 s on two cores.
+REPLAY_MODELS = ("dense", "dsv4", "k3", "multi")
+THROUGHPUT_PREFIX = "replay_throughput_"  # one JSON per repetition: replay_throughput_<i>.json
+CAPACITY_PREFIX = "replay_capacity_"
+CAPACITY_LIMIT = 0  # the whole trace
+CAPACITIES = tuple(f"{mib}MiB" for mib in (2, 4, 8, 16, 32, 64, 128)) + ("unlimited",)
+
+
+def run_replay(args: argparse.Namespace, out_dir: str) -> int:
+    """Runs kvfuse-replay for the throughput row and the capacity sweep. Returns 1 if a run
+    failed, 0 otherwise (also when the replay is not built: the rows then say n/a)."""
+    if not (os.path.isfile(args.replay) and os.access(args.replay, os.X_OK)):
+        print(f"  (no replay binary at {args.replay}: its rows and the reuse plot are skipped)")
+        return 0
+    status = 0
+    for stale in glob.glob(os.path.join(out_dir, "replay_*.json")):
+        os.remove(stale)
+    runs = [(f"{THROUGHPUT_PREFIX}{i}.json", ["--limit", str(args.replay_limit), "--model", ",".join(REPLAY_MODELS),
+                                              "--tier", "memory", "--tier-capacity", "unlimited"])
+            for i in range(1, max(1, args.repetitions) + 1)]
+    for cap in CAPACITIES:
+        limit = ["--limit", str(args.capacity_limit)] if args.capacity_limit > 0 else []
+        runs.append((f"{CAPACITY_PREFIX}{cap}.json",
+                     [*limit, "--model", "dense", "--ranks", "2", "--tier", "memory", "--tier-capacity", cap]))
+    for out_name, extra in runs:
+        out = os.path.join(out_dir, out_name)
+        log = out[: -len(".json")] + ".log"
+        # --dir: the replay makes its scratch directory under it and removes it at exit
+        cmd = [args.replay, "--trace", args.trace, "--faults", "none", "--dir", args.replay_dir, "--json", out, *extra]
+        print(f"  running kvfuse-replay {' '.join(extra)} ...", end="", flush=True)
+        t0 = time.monotonic()
+        with open(log, "w", encoding="utf-8") as f:
+            rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+        print(f" {time.monotonic() - t0:.0f} s", flush=True)
+        if rc != 0:
+            print(f"report.py: kvfuse-replay failed (exit status {rc}); its output: {log}", file=sys.stderr)
+            status = 1
+    return status
+
+
+def load_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def number(doc: dict | None, *keys: str) -> float | None:
+    """doc[k0][k1]...: a number, or None where a key is missing or the value is no number."""
+    for k in keys:
+        if not isinstance(doc, dict):
+            return None
+        doc = doc.get(k)
+    return float(doc) if isinstance(doc, (int, float)) and not isinstance(doc, bool) else None
+
+
+def report(r: Results, out_dir: str, trace: str) -> int:
     t = Table()
     m = r.metric
     idx, comp, conn = "kvfuse_bench_offload_index", "kvfuse_bench_completion", "kvfuse_bench_connector"
@@ -147,7 +230,7 @@ def report(r: Results) -> int:
         f"== kvfuse: the targets table (bench/README.md), every figure from this run ({now}, "
         f"{os.cpu_count()} CPUs, load average {load}) =="
     )
-    print(f"  {'what':<80} {'measured':>12}  {'target':<14}")
+    print(f"  {'what':<80} {'measured':>12}  target")
 
     t.section("engine index (kvfuse_bench_offload_index)")
     t.row("stats() with the full audit, 2^20 indexed hashes", m(idx, "BM_Stats/1048576", "real_time"), "ns", "<", 1000)
@@ -202,6 +285,14 @@ def report(r: Results) -> int:
           m(conn, bw + "/apart:1/manual_time", "joint_over_max"), "x")
     t.row("serialized / max(kv, state), the same memcpy legs", m(conn, bw + "/apart:0/manual_time", "serial_over_max"),
           "x")
+    print("  joint-load sweep: KV chunks of 256 KiB vs one state entry as large, 100 us fetch per 256 KiB "
+          "(docs/img/joint_latency.png)")
+    for chunks in (1, 2, 4, 8, 16, 32, 64):
+        sweep = f"BM_JointSweep/chunks:{chunks}/us_per_chunk:100/manual_time"
+        j, sl = m(conn, sweep, "joint_ms"), m(conn, sweep, "serial_ms")
+        size = f"{chunks * 256} KiB" if chunks < 4 else f"{chunks // 4} MiB"
+        both = f"{j:.2f} vs {sl:.2f} ms" if j is not None and sl is not None else "n/a"
+        t.row(f"  legs of {size:>7}: concurrent / state after KV ({both})", ratio(j, sl), "x")
     t.row("dense connector / hand-written load, 64 x 1 MiB, one CPU",
           m(conn, f"{dense}/inline:1/chunks:64/one_cpu:1/manual_time", "conn_over_hand"), "x", "<=", 1.02)
     t.row("dense connector / hand-written load, 16 x 1 MiB, one CPU",
@@ -260,6 +351,23 @@ def report(r: Results) -> int:
           ratio(m(tiers, "memory_tier_chunks/real_time", "bytes_per_second"), memcpy_bps), "x")
     t.row("DiskTier 4 MiB hit (page cache, checksummed) / memcpy bytes/s",
           ratio(m(tiers, "disk_tier_hit_4MiB/real_time", "bytes_per_second"), memcpy_bps), "x")
+    t.section(f"replay (kvfuse-replay; {trace}, memory tier, no faults)")
+    docs = [d for d in (load_json(p) for p in sorted(glob.glob(os.path.join(out_dir, THROUGHPUT_PREFIX + "*.json"))))
+            if d is not None]
+    limit = number(docs[0], "workload", "requests") if docs else None
+    what = f"{limit:.0f} requests" if limit is not None else "the trace"
+    ok = "" if all(d.get("ok") is True for d in docs) else " (a run reported ok: false)"
+    for model in REPLAY_MODELS:
+        rates = [x for x in (number(d, "models", model, "requests_per_second") for d in docs) if x is not None]
+        t.row(f"replay throughput, {model} model, {what}, median of {len(rates)}{ok}",
+              statistics.median(rates) if rates else None, "req/s", note="informative")
+    cap = load_json(os.path.join(out_dir, f"{CAPACITY_PREFIX}unlimited.json"))
+    reused = [number(cap, "models", "dense", "reused_tokens", where) for where in ("hbm", "tier")]
+    total = None if None in reused else sum(x for x in reused if x is not None)
+    requests = number(cap, "workload", "requests")
+    ok = "" if cap is None or cap.get("ok") is True else " (ok: false)"
+    t.row(f"dense, 2 ranks, {requests or 0:.0f} requests, unlimited memory tier: reused / reuse bound{ok}",
+          ratio(total, number(cap, "workload", "reuse_bound_tokens")), "x", note="informative")
     print("  standing staging bytes = lanes x buffer: asserted by the tests (R12), not timed here.")
     print(f"  {t.targets - t.misses} of {t.targets} targets met in this run.")
     return t.misses
@@ -268,16 +376,29 @@ def report(r: Results) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("bench_dir", nargs="?", default="build/release/bench")
-    ap.add_argument("--json-dir", help="read DIR/kvfuse_bench_*.json instead of running the binaries")
-    ap.add_argument("--min-time", default="0.3", help="--benchmark_min_time for every binary (default 0.3)")
+    ap.add_argument("--json-dir", help="no runs: read the JSON in DIR (kvfuse_bench_*.json, replay_*.json)")
+    ap.add_argument("--out-dir", default="build/bench-results",
+                    help="where the runs write their JSON and logs (default build/bench-results)")
+    ap.add_argument("--min-time", default="0.1", help="--benchmark_min_time for every binary (default 0.1)")
+    ap.add_argument("--repetitions", type=int, default=3, help="--benchmark_repetitions (default 3)")
+    ap.add_argument("--filter", help="--benchmark_filter for every binary (a quick look at a few rows)")
+    ap.add_argument("--replay", default="build/release/examples/kvfuse-replay", help="the kvfuse-replay binary")
+    ap.add_argument("--no-replay", action="store_true", help="skip the replay runs")
+    ap.add_argument("--trace", default="traces/mooncake_synthetic_trace.jsonl", help="the trace the replay runs")
+    ap.add_argument("--replay-limit", type=int, default=300, help="requests of the throughput run (default 300)")
+    ap.add_argument("--capacity-limit", type=int, default=CAPACITY_LIMIT,
+                    help="requests of each capacity-sweep run (default: the whole trace)")
+    ap.add_argument("--replay-dir", default="/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir(),
+                    help="the replay's --dir (default /dev/shm)")
     args = ap.parse_args()
 
     results = Results()
     status = 0
     if args.json_dir:
-        files = sorted(glob.glob(os.path.join(args.json_dir, "kvfuse_bench_*.json")))
+        out_dir = args.json_dir
+        files = sorted(glob.glob(os.path.join(out_dir, "kvfuse_bench_*.json")))
         if not files:
-            print(f"report.py: no kvfuse_bench_*.json in {args.json_dir}", file=sys.stderr)
+            print(f"report.py: no kvfuse_bench_*.json in {out_dir}", file=sys.stderr)
             return 2
         for path in files:
             results.load(os.path.basename(path)[: -len(".json")], path)
@@ -287,9 +408,14 @@ def main() -> int:
             print("  build: cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release && cmake --build build/release",
                   file=sys.stderr)
             return 2
-        with tempfile.TemporaryDirectory(prefix="kvfuse-bench.") as out:
-            status = run_binaries(args.bench_dir, out, args.min_time, results)
-    report(results)
+        out_dir = args.out_dir
+        os.makedirs(out_dir, exist_ok=True)
+        print(f"== kvfuse benchmarks: JSON and logs in {out_dir} ==", flush=True)
+        status = run_binaries(args.bench_dir, out_dir, args, results)
+        if not args.no_replay:
+            status = run_replay(args, out_dir) or status
+        print(flush=True)
+    report(results, out_dir, args.trace)
     return status
 
 

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Draws the two benchmark plots from the JSON a bench run left behind (bench/report.py writes
+# it; `./make.sh bench` runs both):
+#
+#   docs/img/joint_latency.png      BM_JointSweep (kvfuse_bench_connector.json): Kimi-K3 joint
+#                                   load latency against leg size, concurrent lanes versus
+#                                   the state leg after KV
+#   docs/img/reuse_vs_capacity.png  replay_capacity_<N>MiB.json and replay_capacity_unlimited.json
+#                                   (bench/report.py's kvfuse-replay runs): the dense model's reused tokens
+#                                   (hbm + tier) against the per-rank memory-tier capacity,
+#                                   with the trace's reuse bound
+#
+#   bench/plot.sh [RESULTS_DIR [IMG_DIR]]   defaults: build/bench-results, docs/img of the repository
+#
+# A plot whose JSON is missing is skipped with a message (exit 0); exit 1 if there was
+# nothing to draw at all. Python's json module reads the JSON; gnuplot (Debian's
+# gnuplot-nox, terminal pngcairo) draws.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+results=$(realpath -m "${1:-$root/build/bench-results}")
+img=$(realpath -m "${2:-$root/docs/img}")
+command -v gnuplot >/dev/null || { echo "plot.sh: gnuplot not found (scripts/deps.sh installs gnuplot-nox)" >&2; exit 1; }
+mkdir -p "$img"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+drawn=0
+
+# ---- joint-load latency against leg size ----------------------------------------------------
+# One line per size: leg MiB, concurrent ms, after-KV ms (medians of the repetitions).
+python3 - "$results/kvfuse_bench_connector.json" >"$work/joint.dat" <<'PY' || true
+import json, re, sys
+try:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        runs = json.load(f)["benchmarks"]
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"plot.sh: {sys.argv[1]}: {e}")
+rows = {}
+for b in runs:
+    m = re.fullmatch(r"BM_JointSweep/chunks:(\d+)/us_per_chunk:(\d+)/manual_time(_median)?", b.get("name", ""))
+    if not m or b.get("error_occurred") or b.get("skipped"):
+        continue
+    chunks = int(m.group(1))
+    # the median of the repetitions wins over a single run
+    if m.group(3) or chunks not in rows:
+        rows[chunks] = (b["leg_KiB"] / 1024, b["joint_ms"], b["serial_ms"], int(m.group(2)))
+if not rows:
+    sys.exit(1)  # the shell says what was skipped
+print(f"# us_per_chunk {next(iter(rows.values()))[3]}")
+for chunks in sorted(rows):
+    print("%g %g %g" % rows[chunks][:3])
+PY
+if grep -q '^[0-9]' "$work/joint.dat"; then
+  us=$(sed -n 's/^# us_per_chunk //p' "$work/joint.dat")
+  gnuplot <<GP
+set terminal pngcairo size 900,560 enhanced font "sans,11"
+set output "$img/joint_latency.png"
+set title "Kimi-K3 joint load: KV leg of 1-64 chunks of 256 KiB, state entry of the same size\n(tier fetch ${us} µs per 256 KiB, plus the copies; one rank, median of the repetitions)"
+set xlabel "size of each leg (MiB)"
+set ylabel "load() to record drained (ms)"
+set logscale xy 2
+set xrange [0.2:20]
+set xtics ("0.25" 0.25, "0.5" 0.5, "1" 1, "2" 2, "4" 4, "8" 8, "16" 16)
+set format y "%g"
+set grid
+set key top left
+plot "$work/joint.dat" using 1:2 with linespoints lw 2 pt 7 title "KimiK3Connector: state leg on its own lane (concurrent)", \
+     "" using 1:3 with linespoints lw 2 pt 5 title "KimiK3SerialConnector: state leg after KV (one lane)"
+GP
+  echo "plot.sh: wrote $img/joint_latency.png"
+  drawn=$((drawn + 1))
+else
+  echo "plot.sh: skipped joint_latency.png (no sweep in $results/kvfuse_bench_connector.json)"
+fi
+
+# ---- reused tokens against the tier's capacity ----------------------------------------------
+# One line per capacity, smallest first, "unlimited" last: x position, label, hbm, tier,
+# hbm + tier; a comment line carries the reuse bound.
+python3 - "$results" >"$work/reuse.dat" <<'PY' || true
+import glob, json, os, re, sys
+points, bound = [], None
+for path in glob.glob(os.path.join(sys.argv[1], "replay_capacity_*.json")):
+    m = re.fullmatch(r"replay_capacity_(?:(\d+)MiB|unlimited)\.json", os.path.basename(path))
+    if not m:
+        continue
+    cap = float("inf") if m.group(1) is None else int(m.group(1)) << 20
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        reused = doc["models"]["dense"]["reused_tokens"]
+        hbm, tier = float(reused["hbm"]), float(reused["tier"])
+        bound = float(doc["workload"]["reuse_bound_tokens"])
+        requests = int(doc["workload"]["requests"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"plot.sh: {path}: {e}", file=sys.stderr)
+        continue
+    points.append((cap, hbm, tier))
+if not points or bound is None:
+    sys.exit(1)  # the shell says what was skipped
+points.sort()
+finite = [p[0] for p in points if p[0] != float("inf")]
+print(f"# bound {bound:g}")
+print(f"# requests {requests}")
+xs = [max(finite) * 2 if p[0] == float("inf") else p[0] for p in points] if finite else [1 << 30]
+print(f"# xrange {min(xs) / 2**20 / 1.3:g} {max(xs) / 2**20 * 1.3:g}")
+for cap, hbm, tier in points:
+    if cap == float("inf"):  # one doubling right of the largest finite capacity
+        x, label = (max(finite) * 2 if finite else 1 << 30) / 2**20, "unlimited"
+    else:
+        x = cap / 2**20
+        label = f"{x / 1024:g} GiB" if x >= 1024 else f"{x:g} MiB"
+    print(f'{x:g} "{label}" {hbm:g} {tier:g} {hbm + tier:g}')
+PY
+if grep -q '^[0-9]' "$work/reuse.dat"; then
+  bound=$(sed -n 's/^# bound //p' "$work/reuse.dat")
+  requests=$(sed -n 's/^# requests //p' "$work/reuse.dat")
+  read -r xmin xmax < <(sed -n 's/^# xrange //p' "$work/reuse.dat")
+  gnuplot <<GP
+set terminal pngcairo size 900,560 enhanced font "sans,11"
+set output "$img/reuse_vs_capacity.png"
+set title "Dense model, 2 ranks, memory tier only, ${requests} requests of the shipped trace:\nprompt tokens reused against the tier's capacity per rank (kvfuse-replay, no faults)"
+set xlabel "memory-tier capacity per rank"
+set ylabel "reused prompt tokens"
+set logscale x 2
+set xrange [${xmin}:${xmax}]
+set format y "%.0s%c"
+set yrange [0:${bound} * 1.12]
+set grid
+set key right center
+plot "$work/reuse.dat" using 1:5:xtic(2) with linespoints lw 2 pt 7 title "reused: HBM hits + tier loads", \
+     "" using 1:3 with linespoints lw 1 dt 2 pt 6 title "of which HBM hits", \
+     ${bound} with lines lw 2 dt 3 lc rgb "black" title "the trace's reuse bound"
+GP
+  echo "plot.sh: wrote $img/reuse_vs_capacity.png"
+  drawn=$((drawn + 1))
+else
+  echo "plot.sh: skipped reuse_vs_capacity.png (no replay_capacity_*.json in $results)"
+fi
+
+[ "$drawn" -gt 0 ]
