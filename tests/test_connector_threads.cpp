@@ -620,7 +620,7 @@ TEST_CASE("PagedKv retrieve reports a per-chunk mask - the KV leg is ok only if 
   put_chunk(0);
   put_chunk(2);
   RetrieveResult r = leg.retrieve(spec, lane);
-  CHECK(as_vector(r.mask) == std::vector<std::uint8_t>{1, 0, 0});  // stops at the hole in the prefix
+  CHECK(as_vector(r.mask) == std::vector<std::uint8_t>{1, 2, 0});  // stops at the hole (2: missed) in the prefix
   CHECK(r.reason == Reason::kv_chunk_missing);
   CHECK_FALSE(r.complete());
   CHECK_FALSE(leg.load(spec, lane).ok);
