@@ -3,7 +3,7 @@
 # As root: installs whatever is missing with apt-get. As anyone else: stops and prints
 # the exact command to run.
 set -euo pipefail
-packages=(build-essential cmake make python3 libboost-dev doctest-dev libbenchmark-dev libamdhip64-dev)
+packages=(build-essential cmake make python3 libboost-dev doctest-dev libbenchmark-dev libamdhip64-dev libhiredis-dev redis-server)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
