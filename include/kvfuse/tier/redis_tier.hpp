@@ -115,15 +115,17 @@ class RedisTier {
   }
 
   /// BatchedTier: out[i] is the entry for `first` with hash `hashes[i]`, every GET sent in
-  /// one write, every reply read in order: one round trip. A connection lost or timed out
+  /// one write, every reply read in order: one round trip. sink(i, out[i]) is called as
+  /// each answer lands, so the caller copies a hit while its bytes are hot. A connection lost or timed out
   /// at reply k answers k and later failed (or timed_out); 0..k-1 keep their answers.
   /// Precondition: out.size() >= hashes.size() (extra hashes are ignored). Any thread;
   /// noexcept; allocates.
-  void get_batch(const TierKey& first, std::span<const PrefixHash> hashes, std::span<TierView> out) noexcept {
+  void get_batch(const TierKey& first, std::span<const PrefixHash> hashes, std::span<TierView> out,
+                 BatchSink sink = {}) noexcept {
     const std::size_t n = std::min(hashes.size(), out.size());
     if (n == 0) return;
     if (!valid_kind(first.kind)) {
-      for (std::size_t i = 0; i < n; ++i) out[i] = lost(detail::redis::Io::failed);
+      for (std::size_t i = 0; i < n; ++i) sink(i, out[i] = lost(detail::redis::Io::failed));
       return;
     }
     exchange(
@@ -140,9 +142,9 @@ class RedisTier {
         [&](std::size_t i, detail::redis::Reply reply) {
           TierKey k = first;
           k.hash = hashes[i];
-          out[i] = view_of(std::move(reply), k);
+          sink(i, out[i] = view_of(std::move(reply), k));
         },
-        [&](std::size_t i, detail::redis::Io io) { out[i] = lost(io); });
+        [&](std::size_t i, detail::redis::Io io) { sink(i, out[i] = lost(io)); });
   }
 
   /// Stores header + `bytes` under `key` (SET, with PX when a TTL is set), replacing any

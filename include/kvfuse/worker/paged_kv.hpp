@@ -230,37 +230,54 @@ class PagedKv {
                                       });
   }
 
-  // The batched path: one get_batch for every chunk, copies of the leading run of usable
-  // views, one synchronize, then every view released.
+  // Where the batched path stands: chunks [0, copied) have their copies queued; `stopped`
+  // once a chunk is not usable or its copy could not be queued (`why` says which).
+  template <Runtime R>
+  struct BatchProgress {
+    const KvSpec* spec;
+    LaneContext<R>* lane;
+    std::size_t copied = 0;
+    bool stopped = false;
+    Reason why = Reason::none;
+
+    void arrived(std::size_t i, const TierView& view) noexcept {
+      if (stopped || i != copied) return;
+      if (!usable(view, lane->geometry)) {
+        why = view.status() == GetStatus::miss ? Reason::kv_chunk_missing : Reason::kv_transfer_failed;
+        stopped = true;
+      } else if (!copy_chunk(*spec, *lane, i, view)) {
+        why = Reason::kv_transfer_failed;
+        stopped = true;
+      } else {
+        ++copied;
+      }
+    }
+    static void on_arrived(void* self, std::size_t i, const TierView& view) noexcept {
+      static_cast<BatchProgress*>(self)->arrived(i, view);
+    }
+  };
+
+  // The batched path: one get_batch for every chunk; each usable chunk of the leading run
+  // is copied as its answer lands (the tier's sink), or after the batch for a tier that
+  // does not stream; one synchronize; then every view released.
   template <Runtime R>
   RetrieveResult retrieve_batched(const KvSpec& spec, LaneContext<R>& lane, std::span<std::uint8_t> mask) const noexcept {
     const RankGeometry& geo = lane.geometry;
     const std::size_t chunk_count = spec.chunk_keys.size();
     const std::span<TierView> views = lane.held_views.first(chunk_count);
-    tier_->get_batch(key_for(geo, PrefixHash{}), spec.chunk_keys, views);
-    std::size_t copied = 0;
-    Reason why = Reason::none;
-    for (; copied < chunk_count; ++copied) {
-      const TierView& view = views[copied];
-      if (!usable(view, geo)) {
-        why = view.status() == GetStatus::miss ? Reason::kv_chunk_missing : Reason::kv_transfer_failed;
-        break;
-      }
-      if (!copy_chunk(spec, lane, copied, view)) {
-        why = Reason::kv_transfer_failed;
-        break;
-      }
-    }
+    BatchProgress<R> progress{&spec, &lane};
+    tier_->get_batch(key_for(geo, PrefixHash{}), spec.chunk_keys, views, BatchSink{&BatchProgress<R>::on_arrived, &progress});
+    while (!progress.stopped && progress.copied < chunk_count) progress.arrived(progress.copied, views[progress.copied]);
     // Every view must outlive the copies queued from it; a stream that cannot say whether
     // they finished gets a device synchronize before any view goes.
     const bool synced = lane.runtime.synchronize(lane.stream);
     if (!synced) (void)lane.runtime.device_synchronize();
     for (std::size_t i = 0; i < chunk_count; ++i) {
-      if (i < copied) mask[i] = static_cast<std::uint8_t>(synced ? ChunkMark::arrived : ChunkMark::not_arrived);
+      if (i < progress.copied) mask[i] = static_cast<std::uint8_t>(synced ? ChunkMark::arrived : ChunkMark::not_arrived);
       else mask[i] = mark_of(views[i], geo);  // a usable view whose copy failed or was not queued: not_arrived
       views[i] = TierView{};
     }
-    return {mask, synced ? why : Reason::kv_transfer_failed};
+    return {mask, synced ? progress.why : Reason::kv_transfer_failed};
   }
 
   static TierKey key_for(const RankGeometry& geo, PrefixHash hash) noexcept {
