@@ -338,6 +338,18 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     t.row("  the same, threaded stream, OS placement",
           m(conn, f"{hit}/inline:0/one_cpu:0/manual_time", "load_over_memcpy"), "x")
 
+    red = "kvfuse_bench_redis"
+    t.section("RedisTier (kvfuse_bench_redis; own redis-server on a unix socket; medians, both sides in the same iterations)")
+    for kib in (16, 256):
+        row = f"BM_RedisLoad/chunk_KiB:{kib}/connector:0/manual_time"
+        t.row(f"RedisTier KV load / plain pipelined hiredis GET bytes/s, 64 x {kib} KiB",
+              m(red, row, "kvfuse_over_hiredis"), "x", ">=", 0.90)
+        t.row(f"  round trips per 64-chunk load, {kib} KiB chunks", m(red, row, "round_trips_per_load"), "trips", "<=", 1)
+        t.row(f"  RedisTier load, {kib} KiB chunks", m(red, row, "kvfuse_GBps"), "GB/s")
+        t.row(f"  plain hiredis, {kib} KiB chunks", m(red, row, "hiredis_GBps"), "GB/s")
+        t.row(f"  the same through a DenseConnector load (lane hand-off), {kib} KiB chunks",
+              m(red, f"BM_RedisLoad/chunk_KiB:{kib}/connector:1/manual_time", "kvfuse_over_hiredis"), "x")
+
     t.section("runtime and tiers (informative)")
     t.row("HostRuntime copy_async / memcpy bytes/s, 64 MiB, 1 MiB ops, threaded",
           m(rt, "BM_CopyAsyncVsMemcpy/chunk_KiB:1024/inline:0/manual_time", "vs_memcpy"), "x")

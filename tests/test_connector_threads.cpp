@@ -620,7 +620,7 @@ TEST_CASE("PagedKv retrieve reports a per-chunk mask - the KV leg is ok only if 
   put_chunk(0);
   put_chunk(2);
   RetrieveResult r = leg.retrieve(spec, lane);
-  CHECK(as_vector(r.mask) == std::vector<std::uint8_t>{1, 0, 0});  // stops at the hole in the prefix
+  CHECK(as_vector(r.mask) == std::vector<std::uint8_t>{1, 2, 0});  // stops at the hole (2: missed) in the prefix
   CHECK(r.reason == Reason::kv_chunk_missing);
   CHECK_FALSE(r.complete());
   CHECK_FALSE(leg.load(spec, lane).ok);
@@ -637,6 +637,84 @@ TEST_CASE("PagedKv retrieve reports a per-chunk mask - the KV leg is ok only if 
   r = leg.retrieve(refused, lane);
   CHECK(r.mask.empty());
   CHECK(r.reason == Reason::invalid_spec);
+}
+
+namespace {
+/// A BatchedTier over a MemoryTier whose answers the test scripts per hash: a hash in
+/// `fail` answers failed, in `slow` timed_out; `stream` says whether it calls the sink.
+struct ScriptedBatchTier {
+  MemoryTier<> inner{std::size_t{1} << 20};
+  std::set<std::uint64_t> fail, slow;
+  bool stream = true;
+  int batches = 0, singles = 0;
+  TierView get(const TierKey& k, std::span<std::byte> staging) noexcept {
+    ++singles;
+    return inner.get(k, staging);
+  }
+  void get_batch(const TierKey& first, std::span<const PrefixHash> hashes, std::span<TierView> out, BatchSink sink) noexcept {
+    ++batches;
+    for (std::size_t i = 0; i < hashes.size(); ++i) {
+      TierKey k = first;
+      k.hash = hashes[i];
+      if (fail.contains(hashes[i].value)) out[i] = TierView(GetStatus::failed);
+      else if (slow.contains(hashes[i].value)) out[i] = TierView(GetStatus::timed_out);
+      else out[i] = inner.get(k, {});
+      if (stream) sink(i, out[i]);
+    }
+  }
+  bool put(const TierKey& k, std::span<const std::byte> b) noexcept { return inner.put(k, b); }
+  bool contains(const TierKey& k) const noexcept { return inner.contains(k); }
+  bool erase(const TierKey& k) noexcept { return inner.erase(k); }
+};
+static_assert(BatchedTier<ScriptedBatchTier>);
+static_assert(!BatchedTier<MemoryTier<>>);
+}  // namespace
+
+TEST_CASE("PagedKv asks a BatchedTier once per load and the mask says which chunks missed failed or timed out") {
+  HostRuntime rt;
+  const RankGeometry geo = small_geometry(0, 1);
+  DevicePools<HostRuntime> pools(rt, geo);
+  ScriptedBatchTier tier;
+  auto stream = rt.make_stream();
+  std::vector<std::byte> staging(geo.chunk_bytes());
+  std::vector<std::uint8_t> mask(geo.max_chunks_per_load, 7);
+  std::vector<TierView> views(geo.max_chunks_per_load);
+  LaneContext<HostRuntime> lane{rt, stream, staging, mask, geo, pools.memory(), views};
+  const auto keys = chunk_keys(5, 4);
+  const PagedKv<ScriptedBatchTier> leg(tier);
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    if (i != 2) REQUIRE(tier.put(TierKey{geo.model, keys[i], 1, 0, EntryKind::kv_chunk}, std::vector<std::byte>(geo.chunk_bytes(), std::byte(i + 1))));
+  const KvSpec spec{0, 4 * geo.chunk_tokens, keys, block_range(0, 16)};
+  auto as_vector = [](std::span<const std::uint8_t> m) { return std::vector<std::uint8_t>(m.begin(), m.end()); };
+
+  for (const bool stream_answers : {true, false}) {
+    CAPTURE(stream_answers);
+    tier.stream = stream_answers;
+    tier.fail = {keys[3].value};
+    tier.batches = tier.singles = 0;
+    RetrieveResult r = leg.retrieve(spec, lane);
+    CHECK(tier.batches == 1);
+    CHECK(tier.singles == 0);
+    CHECK(as_vector(r.mask) == std::vector<std::uint8_t>{1, 1, 2, 3});  // arrived, arrived, missed, failed
+    CHECK(r.reason == Reason::kv_chunk_missing);
+    CHECK(pools.block(BlockId{7})[0] == std::byte{2});  // chunk 1 landed
+
+    tier.fail = {keys[0].value};
+    tier.slow = {keys[1].value};
+    r = leg.retrieve(spec, lane);
+    CHECK(as_vector(r.mask) == std::vector<std::uint8_t>{3, 4, 2, 0});  // failed, timed out, missed, a hit after the hole
+    CHECK(r.reason == Reason::kv_transfer_failed);
+    tier.slow.clear();
+    std::memset(pools.blocks, 0, geo.num_blocks * geo.block_bytes());
+  }
+  // A lane without held views for the whole load falls back to the per-chunk gets.
+  LaneContext<HostRuntime> no_views{rt, stream, staging, mask, geo, pools.memory()};
+  tier.fail.clear();
+  tier.batches = tier.singles = 0;
+  (void)leg.retrieve(spec, no_views);
+  CHECK(tier.batches == 0);
+  CHECK(tier.singles == 3);  // stops at the hole
+  CHECK(tier.inner.stats().retired_bytes == 0);  // every view was released
 }
 
 TEST_CASE("PagedKv synchronizes once for memory-tier hits and before each reuse of staging") {

@@ -26,6 +26,11 @@
 // header + payload length (truncated, or trailing bytes). The payload checksum is checked
 // by whoever reads the payload (DiskTier::get, and the opening scan unless told not to).
 //
+// The same entry layout is a RedisTier value (tier/redis_tier.hpp): header + payload, one
+// string. Both tiers build it with encode_entry_header and check it with check_header
+// (a header against the key it must hold and the entry's total size); check_entry adds the
+// payload checksum for an entry that is whole in memory. One algorithm, one place.
+//
 // File names spell the whole key, fixed-width lowercase hex, so a directory listing alone
 // rebuilds the catalogue and a file can never be served under another key:
 //
@@ -60,6 +65,10 @@ inline constexpr std::uint32_t format_version = 1;
 inline constexpr char magic[8] = {'K', 'V', 'F', 'U', 'S', 'E', 'D', 'T'};
 /// Characters in an entry file name: "kv-" 16 "-" 16 "-" 8 "-" 8 ".kvt".
 inline constexpr std::size_t name_length = 58;
+/// The name without ".kvt": what spells the key (a RedisTier key is its prefix + this stem).
+inline constexpr std::size_t stem_length = name_length - 4;
+/// What follows the stem in a file name.
+inline constexpr std::string_view name_suffix = ".kvt";
 /// The subdirectory files that fail validation are moved to.
 inline constexpr std::string_view quarantine_dir = "quarantine";
 /// How the name of an unpublished put begins.
@@ -142,6 +151,57 @@ struct DecodedHeader {
 /// (false for a truncated file or one with trailing bytes). Any thread; noexcept.
 [[nodiscard]] inline bool file_size_matches(const Header& h, std::uint64_t file_size) noexcept {
   return file_size >= header_bytes && file_size - header_bytes == h.payload_bytes;
+}
+
+/// The header of an entry holding `payload` under `key` (its payload checksum computed
+/// here). What DiskTier writes in front of a file and RedisTier in front of a value. Any
+/// thread; noexcept; no allocation; reads every payload byte once.
+[[nodiscard]] inline HeaderBytes encode_entry_header(const TierKey& key, std::span<const std::byte> payload) noexcept {
+  return encode(Header{key, payload.size(), xxh64(payload)});
+}
+
+/// Why an entry (a file, a remote value) was refused; `none` when it may be served.
+enum class EntryError : std::uint8_t {
+  none = 0,
+  too_short = 1,         ///< fewer bytes than a header: truncated, or not an entry at all
+  bad_header = 2,        ///< decode refused the header (see DecodedHeader::error)
+  wrong_key = 3,         ///< a valid header for another key: never served under this one
+  bad_length = 4,        ///< the entry is not exactly header + declared payload (truncated or trailing bytes)
+  bad_payload_checksum = 5,
+};
+
+/// Checks the header `raw` of an entry of `entry_bytes` bytes in all (header included)
+/// that must hold `expected`: decode, key, length. On success `out` is the header. Any
+/// thread; noexcept; no allocation.
+[[nodiscard]] inline EntryError check_header(std::span<const std::byte, header_bytes> raw, const TierKey& expected,
+                                             std::uint64_t entry_bytes, Header& out) noexcept {
+  const DecodedHeader decoded = decode(raw);
+  if (!decoded) return EntryError::bad_header;
+  if (decoded.header.key != expected) return EntryError::wrong_key;
+  if (!file_size_matches(decoded.header, entry_bytes)) return EntryError::bad_length;
+  out = decoded.header;
+  return EntryError::none;
+}
+
+/// The result of check_entry: `payload` (inside the entry) is meaningful only when
+/// `error == EntryError::none`.
+struct CheckedEntry {
+  std::span<const std::byte> payload;
+  EntryError error = EntryError::none;
+  [[nodiscard]] bool ok() const noexcept { return error == EntryError::none; }
+};
+
+/// Checks a whole entry held in memory (header then payload) that must hold `expected`:
+/// check_header, then the payload checksum. Any thread; noexcept; no allocation; reads
+/// every payload byte once.
+[[nodiscard]] inline CheckedEntry check_entry(std::span<const std::byte> entry, const TierKey& expected) noexcept {
+  if (entry.size() < header_bytes) return {{}, EntryError::too_short};
+  Header header;
+  if (const EntryError e = check_header(entry.first<header_bytes>(), expected, entry.size(), header); e != EntryError::none)
+    return {{}, e};
+  const std::span<const std::byte> payload = entry.subspan(header_bytes);
+  if (xxh64(payload) != header.payload_checksum) return {{}, EntryError::bad_payload_checksum};
+  return {payload, EntryError::none};
 }
 
 /// Writes `v` as `digits` lowercase hex digits at `out`; returns the end. Any thread; noexcept.

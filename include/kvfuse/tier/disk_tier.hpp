@@ -162,7 +162,7 @@ class DiskTier {
   bool put(const TierKey& key, std::span<const std::byte> bytes) noexcept {
     char name[64];
     if (!detail::disk::format_name(key, name)) return counted_put_failure(false);
-    const detail::disk::HeaderBytes header = detail::disk::encode({key, bytes.size(), detail::xxh64(bytes)});
+    const detail::disk::HeaderBytes header = detail::disk::encode_entry_header(key, bytes);
 
     char temp[96];
     detail::disk::format_temp_name(name, unique(), temp);
@@ -287,13 +287,12 @@ class DiskTier {
     const long long got = detail::posix::read_at(fd, raw.data(), raw.size(), 0);
     if (got < 0) return Check::io_error;
     if (static_cast<std::size_t>(got) != raw.size()) return Check::corrupt;
-    const detail::disk::DecodedHeader decoded = detail::disk::decode(raw);
-    if (!decoded || decoded.header.key != expected) return Check::corrupt;
     struct stat st {};
     if (::fstat(fd, &st) != 0) return Check::io_error;
-    if (!detail::disk::file_size_matches(decoded.header, static_cast<std::uint64_t>(st.st_size))) return Check::corrupt;
-    out = decoded.header;
-    return Check::ok;
+    return detail::disk::check_header(raw, expected, static_cast<std::uint64_t>(st.st_size), out) ==
+                   detail::disk::EntryError::none
+               ? Check::ok
+               : Check::corrupt;
   }
 
   // Moves `name` into quarantine/ under a name no other quarantined file has; counts it.

@@ -37,6 +37,7 @@ enum class GetStatus : std::uint8_t {
   hit = 0,     ///< the view holds the whole entry
   miss = 1,    ///< the tier does not have the entry (genuine absence)
   failed = 2,  ///< the tier may have it but could not read it (I/O error, corrupt, too big for staging)
+  timed_out = 3,  ///< a remote tier did not answer within its command timeout (it may have the entry)
 };
 
 /// Read access to one entry, valid until the view is destroyed. A MemoryTier hands out
@@ -104,6 +105,33 @@ concept Tier = requires(T& tier, const T& ctier, const TierKey& key, std::span<s
   { tier.put(key, bytes) } noexcept -> std::same_as<bool>;
   { ctier.contains(key) } noexcept -> std::same_as<bool>;
   { tier.erase(key) } noexcept -> std::same_as<bool>;
+};
+
+/// Told by a batched get about each entry as its answer lands, in order, before the next
+/// one is read, so the caller can start copying a hit while the rest are still arriving
+/// (its bytes are still hot in cache). A function pointer plus a context word: building one
+/// never allocates. A default-constructed sink does nothing.
+struct BatchSink {
+  void (*arrived)(void* context, std::size_t index, const TierView& view) noexcept = nullptr;
+  void* context = nullptr;
+  void operator()(std::size_t index, const TierView& view) const noexcept {
+    if (arrived != nullptr) arrived(context, index, view);
+  }
+};
+
+/// Optional, on top of Tier: many KV chunks of one rank in one call, so a remote tier
+/// answers a whole load in one round trip. PagedKv uses it when a tier has it (and the lane
+/// lends enough held views); every other tier keeps the per-chunk get.
+///   get_batch(first, hashes, out, sink): for each i < hashes.size(), out[i] becomes what
+///     get(key, ...) would return for `first` with `hash = hashes[i]`: hit, miss, failed or
+///     timed_out, chunk by chunk; sink(i, out[i]) may be called as each one lands (a tier
+///     that cannot stream its answers need not call it). Precondition: out.size() >=
+///     hashes.size(). A hit view owns its bytes (never a caller's staging buffer), so all
+///     the views may be held at once. Thread-safe and noexcept like the rest of the concept.
+template <class T>
+concept BatchedTier = Tier<T> && requires(T& tier, const TierKey& first, std::span<const PrefixHash> hashes,
+                                          std::span<TierView> out, BatchSink sink) {
+  { tier.get_batch(first, hashes, out, sink) } noexcept -> std::same_as<void>;
 };
 
 }  // namespace kvfuse

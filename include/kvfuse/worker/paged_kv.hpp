@@ -59,8 +59,19 @@ bool for_each_block_run(const RankGeometry& geo, std::byte* kv_blocks, const Blo
 }
 }  // namespace detail
 
-/// What a chunked retrieve delivered: one byte per chunk of the spec (1 = arrived), and
-/// why the first missing one is missing. An empty mask means the spec was refused.
+/// What one byte of RetrieveResult::mask says about its chunk. Only `arrived` counts; the
+/// others say why a chunk did not arrive, as far as the tier answered for it.
+enum class ChunkMark : std::uint8_t {
+  not_arrived = 0,  ///< not asked for (after the first hole), or its copy did not run or was not confirmed
+  arrived = 1,      ///< in its blocks, confirmed by a synchronize
+  missed = 2,       ///< the tier does not have it (GetStatus::miss)
+  failed = 3,       ///< the tier could not read it, or it has the wrong size (GetStatus::failed)
+  timed_out = 4,    ///< the tier did not answer in time (GetStatus::timed_out)
+};
+
+/// What a chunked retrieve delivered: one byte per chunk of the spec (a ChunkMark: 1 =
+/// arrived), and why the first missing one is missing. An empty mask means the spec was
+/// refused.
 struct RetrieveResult {
   std::span<const std::uint8_t> mask;
   Reason reason = Reason::none;
@@ -79,24 +90,31 @@ class PagedKv {
   explicit PagedKv(T& tier) noexcept : tier_(&tier) {}
 
   /// Fills [spec.hbm, spec.end) of the blocks and reports which chunks arrived: mask[i]
-  /// is 1 iff chunk i of spec.chunk_keys reached its blocks. Retrieval stops at the first
-  /// chunk that did not arrive (later chunks of a prefix are useless without it), so the
-  /// mask is a run of ones then zeros; `reason` says why the first zero is zero. The mask
-  /// lives in the lane's preallocated chunk mask: valid until the lane's next retrieve.
+  /// is ChunkMark::arrived (1) iff chunk i of spec.chunk_keys reached its blocks. Copying
+  /// stops at the first chunk that did not arrive (later chunks of a prefix are useless
+  /// without it), so the mask is a run of ones, then the first hole marked with the tier's
+  /// answer (missed, failed, timed_out), then chunks that are not_arrived or, when a
+  /// batched tier answered for them too, marked with that answer; `reason` says why the
+  /// first hole is a hole. The mask lives in the lane's preallocated chunk mask: valid
+  /// until the lane's next retrieve.
   ///
-  /// Copies are synchronized in batches: a view over the tier's own memory (a memory-tier
-  /// hit) is held in lane.held_views while its copies run, and one synchronize covers
-  /// them all; a view over the lane's staging (a disk read) is synchronized before the
-  /// next get reuses staging. Noexcept, no allocation.
+  /// A BatchedTier is asked for every chunk at once (one round trip for a remote tier)
+  /// when lane.held_views can hold them all; the views are held while their copies run and
+  /// one synchronize covers the load. Otherwise copies are synchronized in batches: a view
+  /// over the tier's own memory (a memory-tier hit) is held in lane.held_views while its
+  /// copies run, and one synchronize covers them all; a view over the lane's staging (a
+  /// disk read) is synchronized before the next get reuses staging. Noexcept; no
+  /// allocation by the leg (a tier may allocate).
   template <Runtime R>
   RetrieveResult retrieve(const KvSpec& spec, LaneContext<R>& lane) const noexcept {
     const RankGeometry& geo = lane.geometry;
     if (const Reason refused = check_kv_spec(spec, geo); refused != Reason::none) return {{}, refused};
-    const std::uint64_t first_chunk = geo.chunk_grid().cell_of(spec.hbm);
-    const std::uint64_t first_block = geo.block_grid().cell_of(spec.hbm);
     const std::size_t chunk_count = spec.chunk_keys.size();
     const std::span<std::uint8_t> mask = lane.chunk_mask.first(chunk_count);
     std::fill(mask.begin(), mask.end(), std::uint8_t{0});
+    if constexpr (BatchedTier<T>) {
+      if (lane.held_views.size() >= chunk_count) return retrieve_batched(spec, lane, mask);
+    }
 
     // Chunks [synced, i) have copies queued and not yet synchronized; their views are the
     // first `held` of held_views. A chunk counts as arrived only after its synchronize.
@@ -116,22 +134,13 @@ class PagedKv {
 
     for (std::size_t i = 0; i < chunk_count; ++i) {
       TierView view = tier_->get(key_for(geo, spec.chunk_keys[i]), lane.staging);
-      if (!view.hit() || view.bytes().size() != geo.chunk_bytes()) {
+      if (!usable(view, geo)) {
         const Reason why = view.status() == GetStatus::miss ? Reason::kv_chunk_missing : Reason::kv_transfer_failed;
-        return {mask, synchronize_up_to(i) ? why : Reason::kv_transfer_failed};
+        const bool ok = synchronize_up_to(i);
+        mask[i] = mark_of(view, geo);
+        return {mask, ok ? why : Reason::kv_transfer_failed};
       }
-      // The part of chunk c inside [hbm, end), in whole blocks (hbm and end are block aligned).
-      const TokenCount chunk_start = (first_chunk + i) * geo.chunk_tokens;
-      const TokenCount lo = std::max(spec.hbm, chunk_start);
-      const TokenCount hi = std::min(spec.end, chunk_start + geo.chunk_tokens);
-      const std::size_t block_offset = lo / geo.block_tokens - first_block;
-      const std::size_t block_count = (hi - lo) / geo.block_tokens;
-      const std::byte* src = view.bytes().data() + (lo - chunk_start) * geo.kv_bytes_per_token;
-      const bool copied = detail::for_each_block_run(
-          geo, lane.memory.kv_blocks, spec.blocks.data() + block_offset, block_count,
-          [&](std::byte* block, std::size_t offset, std::size_t bytes) noexcept {
-            return lane.runtime.copy_async(block, src + offset, bytes, lane.stream);
-          });
+      const bool copied = copy_chunk(spec, lane, i, view);
       // Whatever happens next, the view must outlive the copies just queued from it.
       const bool in_staging = view.bytes().data() >= lane.staging.data() &&
                               view.bytes().data() < lane.staging.data() + lane.staging.size();
@@ -188,6 +197,89 @@ class PagedKv {
   [[nodiscard]] T& tier() const noexcept { return *tier_; }
 
  private:
+  // A view whose bytes can be copied as chunk bytes.
+  static bool usable(const TierView& view, const RankGeometry& geo) noexcept {
+    return view.hit() && view.bytes().size() == geo.chunk_bytes();
+  }
+
+  // The mask byte of a chunk whose view is not usable.
+  static std::uint8_t mark_of(const TierView& view, const RankGeometry& geo) noexcept {
+    ChunkMark m = ChunkMark::failed;
+    if (view.status() == GetStatus::miss) m = ChunkMark::missed;
+    else if (view.status() == GetStatus::timed_out) m = ChunkMark::timed_out;
+    else if (usable(view, geo)) m = ChunkMark::not_arrived;
+    return static_cast<std::uint8_t>(m);
+  }
+
+  // Queues the copies of the part of chunk i of `spec` inside [hbm, end), in whole blocks
+  // (hbm and end are block aligned), from `view` into the blocks.
+  template <Runtime R>
+  static bool copy_chunk(const KvSpec& spec, LaneContext<R>& lane, std::size_t i, const TierView& view) noexcept {
+    const RankGeometry& geo = lane.geometry;
+    const std::uint64_t first_chunk = geo.chunk_grid().cell_of(spec.hbm);
+    const std::uint64_t first_block = geo.block_grid().cell_of(spec.hbm);
+    const TokenCount chunk_start = (first_chunk + i) * geo.chunk_tokens;
+    const TokenCount lo = std::max(spec.hbm, chunk_start);
+    const TokenCount hi = std::min(spec.end, chunk_start + geo.chunk_tokens);
+    const std::size_t block_offset = lo / geo.block_tokens - first_block;
+    const std::size_t block_count = (hi - lo) / geo.block_tokens;
+    const std::byte* src = view.bytes().data() + (lo - chunk_start) * geo.kv_bytes_per_token;
+    return detail::for_each_block_run(geo, lane.memory.kv_blocks, spec.blocks.data() + block_offset, block_count,
+                                      [&](std::byte* block, std::size_t offset, std::size_t bytes) noexcept {
+                                        return lane.runtime.copy_async(block, src + offset, bytes, lane.stream);
+                                      });
+  }
+
+  // Where the batched path stands: chunks [0, copied) have their copies queued; `stopped`
+  // once a chunk is not usable or its copy could not be queued (`why` says which).
+  template <Runtime R>
+  struct BatchProgress {
+    const KvSpec* spec;
+    LaneContext<R>* lane;
+    std::size_t copied = 0;
+    bool stopped = false;
+    Reason why = Reason::none;
+
+    void arrived(std::size_t i, const TierView& view) noexcept {
+      if (stopped || i != copied) return;
+      if (!usable(view, lane->geometry)) {
+        why = view.status() == GetStatus::miss ? Reason::kv_chunk_missing : Reason::kv_transfer_failed;
+        stopped = true;
+      } else if (!copy_chunk(*spec, *lane, i, view)) {
+        why = Reason::kv_transfer_failed;
+        stopped = true;
+      } else {
+        ++copied;
+      }
+    }
+    static void on_arrived(void* self, std::size_t i, const TierView& view) noexcept {
+      static_cast<BatchProgress*>(self)->arrived(i, view);
+    }
+  };
+
+  // The batched path: one get_batch for every chunk; each usable chunk of the leading run
+  // is copied as its answer lands (the tier's sink), or after the batch for a tier that
+  // does not stream; one synchronize; then every view released.
+  template <Runtime R>
+  RetrieveResult retrieve_batched(const KvSpec& spec, LaneContext<R>& lane, std::span<std::uint8_t> mask) const noexcept {
+    const RankGeometry& geo = lane.geometry;
+    const std::size_t chunk_count = spec.chunk_keys.size();
+    const std::span<TierView> views = lane.held_views.first(chunk_count);
+    BatchProgress<R> progress{&spec, &lane};
+    tier_->get_batch(key_for(geo, PrefixHash{}), spec.chunk_keys, views, BatchSink{&BatchProgress<R>::on_arrived, &progress});
+    while (!progress.stopped && progress.copied < chunk_count) progress.arrived(progress.copied, views[progress.copied]);
+    // Every view must outlive the copies queued from it; a stream that cannot say whether
+    // they finished gets a device synchronize before any view goes.
+    const bool synced = lane.runtime.synchronize(lane.stream);
+    if (!synced) (void)lane.runtime.device_synchronize();
+    for (std::size_t i = 0; i < chunk_count; ++i) {
+      if (i < progress.copied) mask[i] = static_cast<std::uint8_t>(synced ? ChunkMark::arrived : ChunkMark::not_arrived);
+      else mask[i] = mark_of(views[i], geo);  // a usable view whose copy failed or was not queued: not_arrived
+      views[i] = TierView{};
+    }
+    return {mask, synced ? progress.why : Reason::kv_transfer_failed};
+  }
+
   static TierKey key_for(const RankGeometry& geo, PrefixHash hash) noexcept {
     return TierKey{geo.model, hash, geo.world_size, geo.rank, EntryKind::kv_chunk};
   }
