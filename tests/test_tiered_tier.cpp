@@ -55,12 +55,14 @@ void flip_payload_byte(const fs::path& file) {
   REQUIRE(out.good());
 }
 
-/// A tier whose gets fail while `failing` is set; otherwise a MemoryTier.
+/// A tier whose gets fail while `failing` is set (time out while `slow` is); otherwise a MemoryTier.
 struct FlakyTier {
   Mem inner{std::size_t{1} << 20};
   std::atomic<bool> failing{false};
+  std::atomic<bool> slow{false};
   TierView get(const TierKey& key, std::span<std::byte> staging) noexcept {
     if (failing.load()) return TierView(GetStatus::failed);
+    if (slow.load()) return TierView(GetStatus::timed_out);
     return inner.get(key, staging);
   }
   bool put(const TierKey& key, std::span<const std::byte> bytes) noexcept { return inner.put(key, bytes); }
@@ -303,6 +305,39 @@ TEST_CASE("tiered tier: a back failure is reported even when the front could be 
   CHECK(tier.stats().failures == 2);
   CHECK(tier.stats().misses == 0);
   CHECK_FALSE(front.contains(key_of(1)));
+}
+
+TEST_CASE("tiered tier: a back that times out is reported as timed out and never as a miss") {
+  Mem front(std::size_t{1} << 20);
+  FlakyTier back;
+  TieredTier<Mem, FlakyTier> tier(front, back);
+  std::vector<std::byte> staging(4096);
+  REQUIRE(tier.put(key_of(1), pattern(72, 64)));
+  REQUIRE(front.erase(key_of(1)));
+  back.slow = true;
+  CHECK(tier.get(key_of(1), staging).status() == GetStatus::timed_out);
+  CHECK(tier.get(key_of(2), staging).status() == GetStatus::timed_out);
+  CHECK(tier.stats().failures == 2);
+  CHECK(tier.stats().misses == 0);
+  CHECK_FALSE(front.contains(key_of(1)));  // nothing promoted from an answer that never came
+}
+
+TEST_CASE("tiered tier: a front that times out falls through to the back and a back miss is then no miss") {
+  FlakyTier front;
+  Mem back(std::size_t{1} << 20);
+  TieredTier<FlakyTier, Mem> tier(front, back);
+  std::vector<std::byte> staging(4096);
+  const auto a = pattern(73, 64);
+  REQUIRE(tier.put(key_of(1), a));
+  front.slow = true;
+  {
+    const TierView v = tier.get(key_of(1), staging);
+    REQUIRE(v.hit());
+    CHECK(same(v.bytes(), a));
+  }
+  REQUIRE(front.inner.put(key_of(2), a));  // only the front has it, and the front cannot answer
+  CHECK(tier.get(key_of(2), staging).status() == GetStatus::failed);
+  CHECK(tier.stats().misses == 0);
 }
 
 TEST_CASE("tiered tier: as a KimiK3Connector's tier on two ranks a joint load is served byte-exact from the back") {

@@ -7,9 +7,12 @@
   check_replay.py bound REPLAY TRACE    unlimited tier + synchronous saves: reused tokens within
                                         [0.99, 1.0] of the trace's reuse bound
   check_replay.py usage REPLAY TRACE    bad arguments and input exit 2 and name the bad value
+  check_replay.py redis REPLAY          --tier redis against a redis-server started here (unix
+                                        socket in a temporary directory): the five zeros
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,7 +155,34 @@ def usage(replay, path):
             print(f"ok: {' '.join(args)} -> exit 2: {proc.stderr.splitlines()[0]}")
 
 
+def redis(replay):
+    server = shutil.which("redis-server")
+    if server is None:
+        fail("redis-server is missing. Run, as root: apt-get install -y redis-server libhiredis-dev")
+    with tempfile.TemporaryDirectory() as tmp:
+        sock = os.path.join(tmp, "redis.sock")
+        proc = subprocess.Popen([server, "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no",
+                                 "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(200):
+                if os.path.exists(sock):
+                    break
+                proc.poll()
+                if proc.returncode is not None:
+                    fail("redis-server exited at start")
+                subprocess.run(["sleep", "0.05"])
+            report = run(replay, ["--tier", "redis", "--redis", "unix:" + sock, "--model", "dense,k3,multi",
+                                  "--sessions", "8", "--turns", "4", "--ranks", "4", "--blocks", "240", "--two-pass"])
+            check_zeros(report, True)
+            for name, m in report["models"].items():
+                if m["reused_tokens"]["tier"] == 0:
+                    fail(f"{name}: nothing came back from redis")
+        finally:
+            proc.kill()
+            proc.wait()
+
+
 if __name__ == "__main__":
     what, replay_bin, *rest = sys.argv[1:]
-    {"faults": faults, "trace": trace, "bound": bound, "usage": usage}[what](replay_bin, *rest)
+    {"faults": faults, "trace": trace, "bound": bound, "usage": usage, "redis": redis}[what](replay_bin, *rest)
     print("ok")

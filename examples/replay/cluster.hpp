@@ -72,6 +72,9 @@ struct RunOptions {
   std::size_t memory_bytes = std::size_t{1} << 20;  ///< each rank's memory tier (rank-divergent with the evict fault)
   bool disk = true;                                 ///< a DiskTier behind the memory tier
   std::filesystem::path dir;                        ///< where the ranks' disk tiers live
+#if KVFUSE_REPLAY_WITH_REDIS
+  std::optional<RedisTierOptions> redis;            ///< --tier redis: every rank's tier is a RedisTier
+#endif
   std::uint32_t num_blocks = 1024;                  ///< the device block pool (all ranks alike)
   std::uint32_t num_slots = 16;                     ///< the device state slot pool
   bool offload = true;                              ///< false: the first pass of --two-pass (no loads, no saves)
@@ -253,9 +256,13 @@ class Cluster {
     for (std::uint32_t r = 0; r < o_.world; ++r) {
       std::size_t memory = o_.memory_bytes;
       if (o_.faults.evict && memory < (std::size_t{1} << 60)) memory = memory / 4 * (4 + r % 3);  // ranks evict differently
-      std::optional<std::filesystem::path> dir;
-      if (o_.disk) dir = o_.dir / ("rank" + std::to_string(r));
-      ranks_.push_back(std::make_unique<Rank>(geometry(r), rt_, memory, dir, group_));
+      TierSpec spec;
+      spec.memory_bytes = memory;
+      if (o_.disk) spec.disk = o_.dir / ("rank" + std::to_string(r));
+#if KVFUSE_REPLAY_WITH_REDIS
+      spec.redis = o_.redis;
+#endif
+      ranks_.push_back(std::make_unique<Rank>(geometry(r), rt_, spec, group_));
       alive_.push_back(true);
     }
     if (o_.faults.slow) ranks_.back()->tier.set_delay(std::chrono::microseconds(200));
@@ -324,12 +331,12 @@ class Cluster {
     std::byte* slots;
     RankTier tier;
     Conn conn;
-    Rank(const RankGeometry& g, HostRuntime& runtime, std::size_t memory, std::optional<std::filesystem::path> dir, TpQuorum& group)
+    Rank(const RankGeometry& g, HostRuntime& runtime, const TierSpec& spec, TpQuorum& group)
         : geo(g),
           rt(runtime),
           blocks(static_cast<std::byte*>(runtime.allocate_device(std::size_t{g.num_blocks} * g.block_bytes()))),
           slots(static_cast<std::byte*>(runtime.allocate_device(std::max<std::size_t>(1, std::size_t{g.num_slots} * g.slot_bytes)))),
-          tier(memory, std::move(dir)),
+          tier(spec),
           conn(g, runtime, DeviceMemory{blocks, slots}, PagedKv<RankTier>(tier), make_state_leg(tier), group) {}
     ~Rank() {
       conn.drain();

@@ -11,6 +11,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +56,13 @@ template <class Cl>
 RunResult run_one(const std::string& model, std::uint64_t id, const Workload& w, RunOptions o, Progress& progress,
                   const std::filesystem::path& root, const std::string& pass) {
   o.dir = root / (model + "-" + pass);
+#if KVFUSE_REPLAY_WITH_REDIS
+  if (o.redis) {  // each pass its own keys: k3, multi and k3 after KV share a model id
+    std::string tag = model + "-" + pass;
+    std::replace(tag.begin(), tag.end(), ' ', '_');
+    o.redis->key_prefix += tag + ":";
+  }
+#endif
   std::filesystem::create_directories(o.dir);
   progress.begin(model + (pass == "offload" ? "" : " (" + pass + ")"));
   o.progress = [&](std::size_t done, std::size_t total, std::size_t in_flight) { progress.update(done, total, in_flight); };
@@ -121,8 +130,10 @@ int main(int argc, char** argv) {
   app.add_option("--speed", speed, "follow arrival times at this multiple of real time (default: as fast as possible)")
       ->check(positive);
   app.add_option("--ranks", ranks, "tensor-parallel ranks, each a set of threads")->check(CLI::Range(1, 64));
-  app.add_option("--tier", tier, "each rank's tier: memory+disk (a MemoryTier in front of a DiskTier) or memory")
-      ->check(CLI::IsMember({"memory+disk", "memory"}));
+  std::string redis_address;
+  app.add_option("--tier", tier, "each rank's tier: memory+disk (a MemoryTier in front of a DiskTier), memory, or redis")
+      ->check(CLI::IsMember({"memory+disk", "memory", "redis"}));
+  app.add_option("--redis", redis_address, "with --tier redis: the server, unix:PATH or HOST:PORT");
   app.add_option("--tier-capacity", capacity, "bytes of each rank's memory tier (1MiB, 64KiB, ...) or unlimited");
   app.add_option("--blocks", blocks, "device KV blocks of 64 tokens per rank (default: twice the longest request)")
       ->check(positive);
@@ -149,6 +160,36 @@ int main(int argc, char** argv) {
   o.speed = speed;
   o.sync_saves = sync_saves;
   o.disk = tier == "memory+disk";
+  if (tier == "redis" && redis_address.empty()) return usage_error(app, "--tier redis: needs --redis unix:PATH or HOST:PORT");
+  if (tier != "redis" && !redis_address.empty()) return usage_error(app, "--redis: only with --tier redis");
+  if (tier == "redis") {
+#if KVFUSE_REPLAY_WITH_REDIS
+    RedisTierOptions r;
+    if (redis_address.starts_with("unix:")) {
+      r.unix_socket = redis_address.substr(5);
+    } else {
+      const auto colon = redis_address.rfind(':');
+      try {
+        if (colon == std::string::npos) throw std::invalid_argument("no port");
+        r.host = redis_address.substr(0, colon);
+        r.port = std::stoi(redis_address.substr(colon + 1));
+      } catch (const std::exception&) {
+        return usage_error(app, "--redis: \"" + redis_address + "\" is neither unix:PATH nor HOST:PORT");
+      }
+    }
+    // Every run gets keys of its own: two runs (or two passes) never read each other's entries.
+    r.key_prefix = "kvfuse-replay:" + std::to_string(::getpid()) + ":";
+    r.ttl = std::chrono::minutes(30);
+    try {
+      kvfuse::RedisTier probe(r);  // a bad address is a usage error, before anything runs
+    } catch (const kvfuse::Error& e) {
+      return usage_error(app, std::string("--redis: ") + e.what());
+    }
+    o.redis = r;
+#else
+    return usage_error(app, "--tier redis: this kvfuse-replay was built without hiredis (apt-get install libhiredis-dev)");
+#endif
+  }
   o.num_slots = slots;
   if (capacity == "unlimited") {
     o.memory_bytes = std::size_t{1} << 62;
@@ -193,10 +234,12 @@ int main(int argc, char** argv) {
     return usage_error(app, "--blocks: " + std::to_string(blocks) + " blocks cannot hold the longest request (" +
                                 std::to_string(longest) + " blocks)");
 
-  std::printf("kvfuse-replay: %s requests (%s), %u ranks as threads, HostRuntime, per rank a %s memory tier%s\n",
+  const std::string tiers = tier == "redis" ? "a RedisTier at " + redis_address
+                                            : "a " + capacity + " memory tier" + (o.disk ? " in front of a disk tier" : "");
+  std::printf("kvfuse-replay: %s requests (%s), %u ranks as threads, HostRuntime, per rank %s\n",
               thousands(w.requests.size()).c_str(),
               w.from_trace ? ("trace " + w.source).c_str() : ("built-in sessions, seed " + std::to_string(seed)).c_str(), ranks,
-              capacity.c_str(), o.disk ? " in front of a disk tier" : "");
+              tiers.c_str());
   std::printf("faults: %s%s%s\n", o.faults.any() ? faults.c_str() : "none", two_pass ? "; two passes (offload off, then on)" : "",
               sync_saves ? "; saves land before the next arrival" : "");
   std::fflush(stdout);

@@ -3,12 +3,17 @@
 // the faults need: a slow rank's latency, and closing and reopening the disk tier mid-run
 // (a restart: the reopened DiskTier rebuilds its catalogue from the files, so what was stored
 // before is served after). The lanes keep calling get/put while a reopen waits for them.
+// With --tier redis the rank's tier is a RedisTier instead: one connection pool per rank
+// to a redis-server every rank (and every engine) shares.
 #pragma once
 
 #include <kvfuse/device/host_runtime.hpp>
 #include <kvfuse/tier/disk_tier.hpp>
 #include <kvfuse/tier/memory_tier.hpp>
 #include <kvfuse/tier/tiered_tier.hpp>
+#if KVFUSE_REPLAY_WITH_REDIS
+#include <kvfuse/tier/redis_tier.hpp>
+#endif
 
 #include <atomic>
 #include <chrono>
@@ -24,12 +29,27 @@ namespace replay {
 using MemoryFront = kvfuse::MemoryTier<>;
 using Stack = kvfuse::TieredTier<MemoryFront, kvfuse::DiskTier>;
 
+/// What one rank's tier is made of.
+struct TierSpec {
+  std::size_t memory_bytes = std::size_t{1} << 20;  ///< the memory tier's capacity
+  std::optional<std::filesystem::path> disk;        ///< a DiskTier behind it, in this directory
+#if KVFUSE_REPLAY_WITH_REDIS
+  std::optional<kvfuse::RedisTierOptions> redis;    ///< instead of both: a RedisTier
+#endif
+};
+
 /// The tier of one rank. Thread-safe (the Tier concept's promise): any lane may call
 /// get/put/contains/erase while the scheduler thread reopens the disk.
 class RankTier {
  public:
-  /// `disk`: the rank's own directory, or empty for a memory-only tier.
-  RankTier(std::size_t memory_bytes, std::optional<std::filesystem::path> disk) : front_(memory_bytes), dir_(std::move(disk)) {
+  /// Throws kvfuse::Error naming what could not be opened (a directory, a server).
+  explicit RankTier(const TierSpec& spec) : front_(spec.memory_bytes), dir_(spec.disk) {
+#if KVFUSE_REPLAY_WITH_REDIS
+    if (spec.redis) {
+      redis_ = std::make_unique<kvfuse::RedisTier>(*spec.redis);
+      return;
+    }
+#endif
     open();
   }
   RankTier(const RankTier&) = delete;
@@ -38,18 +58,30 @@ class RankTier {
   kvfuse::TierView get(const kvfuse::TierKey& key, std::span<std::byte> staging) noexcept {
     if (const auto us = delay_us_.load(std::memory_order_relaxed); us != 0)
       std::this_thread::sleep_for(std::chrono::microseconds(us));
+#if KVFUSE_REPLAY_WITH_REDIS
+    if (redis_) return redis_->get(key, staging);
+#endif
     std::shared_lock lock(mu_);
     return stack_ ? stack_->get(key, staging) : front_.get(key, staging);
   }
   bool put(const kvfuse::TierKey& key, std::span<const std::byte> bytes) noexcept {
+#if KVFUSE_REPLAY_WITH_REDIS
+    if (redis_) return redis_->put(key, bytes);
+#endif
     std::shared_lock lock(mu_);
     return stack_ ? stack_->put(key, bytes) : front_.put(key, bytes);
   }
   bool contains(const kvfuse::TierKey& key) const noexcept {
+#if KVFUSE_REPLAY_WITH_REDIS
+    if (redis_) return redis_->contains(key);
+#endif
     std::shared_lock lock(mu_);
     return stack_ ? stack_->contains(key) : front_.contains(key);
   }
   bool erase(const kvfuse::TierKey& key) noexcept {
+#if KVFUSE_REPLAY_WITH_REDIS
+    if (redis_) return redis_->erase(key);
+#endif
     std::shared_lock lock(mu_);
     return stack_ ? stack_->erase(key) : front_.erase(key);
   }
@@ -79,6 +111,12 @@ class RankTier {
   }
 
   kvfuse::MemoryTierStats memory_stats() const noexcept { return front_.stats(); }
+#if KVFUSE_REPLAY_WITH_REDIS
+  std::optional<kvfuse::RedisTierStats> redis_stats() const noexcept {
+    if (!redis_) return std::nullopt;
+    return redis_->stats();
+  }
+#endif
   std::optional<kvfuse::DiskTierStats> disk_stats() const noexcept {
     std::shared_lock lock(mu_);
     if (!disk_) return std::nullopt;
@@ -112,6 +150,9 @@ class RankTier {
   std::optional<std::filesystem::path> dir_;
   std::unique_ptr<kvfuse::DiskTier> disk_;
   std::unique_ptr<Stack> stack_;
+#if KVFUSE_REPLAY_WITH_REDIS
+  std::unique_ptr<kvfuse::RedisTier> redis_;
+#endif
   kvfuse::DiskTierStats closed_{};
   std::atomic<std::uint32_t> delay_us_{0};
 };

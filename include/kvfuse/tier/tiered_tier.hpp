@@ -38,7 +38,7 @@ struct TieredTierStats {
   std::uint64_t front_hits = 0;          ///< gets the front served
   std::uint64_t back_hits = 0;           ///< gets the back served after the front missed (or failed)
   std::uint64_t misses = 0;              ///< gets that returned miss (neither tier has the entry)
-  std::uint64_t failures = 0;            ///< gets that returned failed (the back failed, or the front
+  std::uint64_t failures = 0;            ///< gets that returned failed or timed_out (the back did, or the front
                                          ///< failed and the back missed)
   std::uint64_t promotions = 0;          ///< back hits copied into the front
   std::uint64_t promote_failures = 0;    ///< back hits whose copy the front refused (the get still hit)
@@ -85,7 +85,8 @@ class TieredTier {
       bump(front_hits_);
       return front_view;
     }
-    const bool front_failed = front_view.status() == GetStatus::failed;
+    // A front that failed or timed out may still hold the entry: a back miss is then no miss.
+    const bool front_failed = front_view.status() == GetStatus::failed || front_view.status() == GetStatus::timed_out;
     front_view = TierView{};  // a failed front view pins nothing, but let it go before the back reads
 
     Stripe& stripe = stripe_of(key);
@@ -104,6 +105,7 @@ class TieredTier {
         bump(misses_);
         return view;
       case GetStatus::failed:
+      case GetStatus::timed_out:  // a remote back that did not answer in time: not a miss either
         bump(failures_);
         return view;
     }
