@@ -133,8 +133,11 @@ TEST_CASE("serial K3: the control - KimiK3Connector runs the state leg while the
   const LoadRequest r = rank.joint();
   rank.conn.load(r);
   REQUIRE(eventually([&] { return rank.tier.kv_gate.entered.load(); }));
-  CHECK(eventually([&] { return rank.tier.state_gets.load() == 1; }));  // during the KV leg
-  CHECK(rank.tier.state_gets_during_kv.load() == 1);
+  // The state leg finishes its get while the KV leg is still held at the gate. (Whether it
+  // began before or after the KV get is up to the scheduler, so state_gets_during_kv is not
+  // checked here: its get may well have run before the KV leg entered the tier.)
+  CHECK(eventually([&] { return rank.tier.state_gets.load() == 1; }));
+  CHECK(rank.tier.kv_gate.entered.load());
   rank.tier.kv_gate.open();
   rank.check_restored(r);
 }
