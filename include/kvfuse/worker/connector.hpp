@@ -40,8 +40,10 @@ struct ConnectorOptions {
   /// behaviour. Must be >= 0.
   ///
   /// What it buys: a load submitted while its lane still spins skips the lane's futex
-  /// wake-up; on a VM whose other vCPU sits halted that wake-up is 15-25 us of the ~45 us a
-  /// one-chunk load costs from load() to its record (bench/README.md, issue 12).
+  /// wake-up; on a 2-vCPU VM whose other vCPU sits halted that wake-up is ~22 us of the
+  /// ~48 us a one-chunk load costs from load() to its record, and with 50 us of spin the
+  /// whole path measured ~5 us for loads back to back (bench/README.md, issue 12). A load
+  /// that comes after the spin ran out finds the lane asleep and pays the wake-up as before.
   /// What it costs: after every load (every burst of loads) each of those lanes keeps one
   /// CPU busy for up to `lane_spin`, whether or not another load comes; on a two-core
   /// machine that is a core the engine's own threads cannot use, and two with a concurrent
