@@ -53,6 +53,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/prctl.h>
+#include <time.h>
 
 #include <kvfuse/completion/single_rank.hpp>
 #include <kvfuse/compose/presets.hpp>
@@ -83,6 +84,33 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// CPU time of the whole process (every thread: lanes, stream threads, the scheduler), in
+/// seconds. What a spinning lane costs shows here and not in the wall time.
+double process_cpu_seconds() {
+  timespec ts{};
+  (void)clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+/// Measures the process CPU time and the wall time of a benchmark's loop, and reports both
+/// per iteration (cpu_us_per_iter, wall_us_per_iter) and their quotient (cpu_per_wall: 1.0
+/// is one CPU busy the whole time, 2.0 both CPUs of a 2-vCPU machine).
+class CpuMeter {
+ public:
+  CpuMeter() : cpu0_(process_cpu_seconds()), wall0_(Clock::now()) {}
+  void report(benchmark::State& state) const {
+    const double cpu = process_cpu_seconds() - cpu0_, wall = seconds_since(wall0_);
+    const auto n = static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
+    state.counters["cpu_us_per_iter"] = 1e6 * cpu / n;
+    state.counters["wall_us_per_iter"] = 1e6 * wall / n;
+    state.counters["cpu_per_wall"] = wall > 0 ? cpu / wall : 0;
+  }
+
+ private:
+  double cpu0_;
+  Clock::time_point wall0_;
+};
 
 HostRuntime make_runtime(bool inline_streams) {
   return HostRuntime(HostRuntimeOptions{.default_mode = inline_streams ? HostStreamMode::inline_calls
@@ -237,6 +265,10 @@ class BellGroup {
 
   explicit BellGroup(SingleRankOptions config = {}) : inner_(config) {}
 
+  /// How long await_record polls the bell before it sleeps on it: an engine loop that
+  /// busy-polls its records for a while instead of sleeping (0: sleep at once, the default).
+  void set_poll(std::chrono::nanoseconds poll) noexcept { poll_ = poll; }
+
   [[nodiscard]] std::uint32_t world_size() const noexcept { return inner_.world_size(); }
   [[nodiscard]] Emitter emitter(std::uint32_t rank, std::size_t lane) {
     return Emitter(inner_.emitter(rank, lane), bell_);
@@ -267,9 +299,15 @@ class BellGroup {
   CompletionRecord await_record() noexcept {
     RecordSink sink;
     std::uint32_t seen = bell_.load(std::memory_order_acquire);
-    while (inner_.drain(sink) == 0) {
+    std::size_t got = inner_.drain(sink);
+    if (got == 0 && poll_.count() > 0) {
+      (void)detail::poll_for(poll_, [&]() noexcept { return bell_.load(std::memory_order_acquire) != seen; });
+      got = inner_.drain(sink);
+    }
+    while (got == 0) {
       bell_.wait(seen, std::memory_order_acquire);
       seen = bell_.load(std::memory_order_acquire);
+      got = inner_.drain(sink);
     }
     return sink.last;
   }
@@ -277,6 +315,7 @@ class BellGroup {
  private:
   SingleRank inner_;
   std::atomic<std::uint32_t> bell_{0};
+  std::chrono::nanoseconds poll_{0};
 };
 static_assert(CompletionGroup<BellGroup>);
 
@@ -481,13 +520,14 @@ struct DenseRig {
     return g;
   }
 
-  DenseRig(bool inline_streams, std::size_t token_bytes, std::uint32_t chunks, std::uint32_t run)
+  DenseRig(bool inline_streams, std::size_t token_bytes, std::uint32_t chunks, std::uint32_t run,
+           ConnectorOptions options = {})
       : rt(make_runtime(inline_streams)),
         geo(geometry(token_bytes, chunks)),
         blocks(rt, geo.num_blocks * geo.block_bytes(), true),
         tier(std::size_t{chunks} * geo.chunk_bytes(), rt),
         group(SingleRankOptions{Dense::lane_count, 4096, {}}),
-        conn(geo, rt, DeviceMemory{blocks.data(), nullptr}, PagedKv<HostTier>(tier), NoState{}, group) {
+        conn(geo, rt, DeviceMemory{blocks.data(), nullptr}, PagedKv<HostTier>(tier), NoState{}, group, options) {
     KvSpec kv;
     kv.hbm = 0;
     kv.end = TokenCount{chunks} * geo.chunk_tokens;
@@ -670,12 +710,18 @@ double timed_same_shape(Lane& lane, const SameShapeLoad& load, BellGroup& group,
 void BM_DenseVsSameShape(benchmark::State& state) {
   const auto chunks = static_cast<std::uint32_t>(state.range(0));
   const OneCpu pin(state.range(1) != 0);  // before the rig and the lane: their threads inherit it
-  DenseRig rig(true, 4096, chunks, 4);  // inline streams: the copy runs on the lane thread
+  // spin_us: ConnectorOptions::lane_spin, and the same spin on the same-shape side's lane
+  // (like for like). poll_us: both scheduler sides poll their bell that long before sleeping.
+  const std::chrono::nanoseconds spin = std::chrono::microseconds(state.range(2));
+  const std::chrono::nanoseconds poll = std::chrono::microseconds(state.range(3));
+  DenseRig rig(true, 4096, chunks, 4, ConnectorOptions{.lane_spin = spin});  // inline streams: copies on the lane
+  rig.group.set_poll(poll);
   HostRuntime::Stream hand_stream = rig.rt.make_stream();
   HostRuntime::Stream lane_stream = rig.rt.make_stream();
   BellGroup hand_group(SingleRankOptions{1, 4096, {}});
+  hand_group.set_poll(poll);
   BellGroup::Emitter emitter = hand_group.emitter(0, 0);
-  Lane lane("kvfuse.hand", ConnectorOptions{}.lane_capacity);
+  Lane lane("kvfuse.hand", ConnectorOptions{}.lane_capacity, spin);
   const SameShapeLoad same{&rig.tier, &rig.rt, &lane_stream, &rig.geo, rig.blocks.data(), &emitter};
   const KvSpec& spec = *rig.request.kv;
 
@@ -693,11 +739,16 @@ void BM_DenseVsSameShape(benchmark::State& state) {
   Samples conn(state.max_iterations), shape(state.max_iterations), hand(state.max_iterations);
   bool ok = true;
   std::uint64_t i = 0;
+  const CpuMeter meter;
+  // The six orders of the three sides, in turn, so each side follows each other side equally
+  // often. (A rotation 0,1,2 / 1,2,0 / 2,0,1 keeps one cyclic order: the connector would
+  // always follow the calling-thread load and the same-shape load always the connector,
+  // whose lane may still be running or spinning, keeping the other vCPU awake.)
+  static constexpr int orders[6][3] = {{0, 1, 2}, {1, 2, 0}, {2, 0, 1}, {0, 2, 1}, {2, 1, 0}, {1, 0, 2}};
   for (auto _ : state) {
-    // Rotate the order of the three sides, so none always follows the same one.
     double c = 0;
     for (std::uint64_t k = 0; k < 3; ++k) {
-      switch ((i + k) % 3) {
+      switch (orders[i % 6][k]) {
         case 0: {
           LoadRequest copy = rig.request;
           c = timed_load(rig.conn, rig.group, std::move(copy), rec);
@@ -721,6 +772,7 @@ void BM_DenseVsSameShape(benchmark::State& state) {
     ++i;
     state.SetIterationTime(c);
   }
+  meter.report(state);  // all three sides together
   if (!ok) state.SkipWithError("a load failed");
   state.counters["conn_us"] = 1e6 * conn.median();
   state.counters["same_us"] = 1e6 * shape.median();
@@ -729,12 +781,16 @@ void BM_DenseVsSameShape(benchmark::State& state) {
   state.counters["same_over_hand"] = shape.median() / hand.median();
 }
 BENCHMARK(BM_DenseVsSameShape)
-    ->ArgNames({"chunks", "one_cpu"})
-    ->Args({1, 0})
-    ->Args({4, 0})
-    ->Args({16, 0})
-    ->Args({64, 0})
-    ->Args({1, 1})
+    ->ArgNames({"chunks", "one_cpu", "spin_us", "poll_us"})
+    ->Args({1, 0, 0, 0})
+    ->Args({4, 0, 0, 0})
+    ->Args({16, 0, 0, 0})
+    ->Args({64, 0, 0, 0})
+    ->Args({1, 1, 0, 0})
+    ->Args({1, 0, 50, 0})
+    ->Args({4, 0, 50, 0})
+    ->Args({1, 0, 50, 50})
+    ->Args({4, 0, 50, 50})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
@@ -828,15 +884,27 @@ static_assert(CompletionGroup<StampGroup>);
 void BM_FixedCost(benchmark::State& state) {
   using StampDense = DenseConnector<StampTier, StampGroup, StampRuntime>;
   const OneCpu pin(state.range(0) != 0);
+  // spin_us: ConnectorOptions::lane_spin (and the bare lane's spin), and with inline:0 also
+  // HostRuntimeOptions::stream_spin; poll_us: the scheduler thread polls the bell that long
+  // before it sleeps; inline:0 puts a threaded stream (a second hand-off, to the stream's
+  // thread and back) under the copy.
+  const std::chrono::nanoseconds spin = std::chrono::microseconds(state.range(1));
+  const std::chrono::nanoseconds poll = std::chrono::microseconds(state.range(2));
+  const bool inline_stream = state.range(3) != 0;
   Stamps st;
-  StampRuntime rt(HostRuntimeOptions{.default_mode = HostStreamMode::inline_calls}, st);
+  StampRuntime rt(HostRuntimeOptions{.default_mode = inline_stream ? HostStreamMode::inline_calls
+                                                                   : HostStreamMode::threaded,
+                                     .stream_spin = spin},
+                  st);
   // One chunk of 256 tokens x 16 bytes (4 KiB) into 16 blocks in order: one get, one copy.
   const RankGeometry geo = DenseRig::geometry(16, 1);
   Buffer blocks(rt, geo.num_blocks * geo.block_bytes(), true);
   HostTier inner(4 * geo.chunk_bytes(), rt);
   StampTier tier(inner, st);
   StampGroup group(SingleRankOptions{StampDense::lane_count, 4096, {}}, st);
-  StampDense conn(geo, rt, DeviceMemory{blocks.data(), nullptr}, PagedKv<StampTier>(tier), NoState{}, group);
+  group.set_poll(poll);
+  StampDense conn(geo, rt, DeviceMemory{blocks.data(), nullptr}, PagedKv<StampTier>(tier), NoState{}, group,
+                  ConnectorOptions{.lane_spin = spin});
   KvSpec kv;
   kv.hbm = 0;
   kv.end = geo.chunk_tokens;
@@ -846,7 +914,7 @@ void BM_FixedCost(benchmark::State& state) {
   const LoadRequest request{LoadKey{RequestId{1}, Generation{1}}, std::move(kv), std::nullopt};
 
   // A bare lane, for the hand-off alone: submit until the task starts.
-  Lane bare("kvfuse.bare", 256);
+  Lane bare("kvfuse.bare", 256, spin);
   std::atomic<std::int64_t> task_start{0};
 
   constexpr int kParts = 8;
@@ -856,6 +924,7 @@ void BM_FixedCost(benchmark::State& state) {
   bool ok = true;
   std::uint64_t loads = 0;
   CompletionRecord rec;
+  const CpuMeter meter;
   for (auto _ : state) {
     for (auto* a : {&st.get_begin, &st.get_end, &st.copy_begin, &st.copy_end, &st.sync_begin, &st.sync_end,
                     &st.emit_begin, &st.emit_end})
@@ -900,6 +969,7 @@ void BM_FixedCost(benchmark::State& state) {
     while (task_start.load(std::memory_order_acquire) == 0) task_start.wait(0, std::memory_order_acquire);
     handoff.add(static_cast<double>(task_start.load(std::memory_order_relaxed) - h0));
   }
+  meter.report(state);  // per iteration: the load, the stamps' hand-back and the bare hand-off
   if (!ok) state.SkipWithError("a load failed");
   static constexpr const char* names[kParts] = {"to_get_ns", "get_ns",  "get_to_copy_ns", "copy_ns",
                                                 "sync_ns",   "to_emit_ns", "emit_ns",    "drain_ns"};
@@ -914,7 +984,18 @@ void BM_FixedCost(benchmark::State& state) {
   state.counters["bare_handoff_ns"] = handoff.median();
   state.counters["dominant_part"] = dominant;
 }
-BENCHMARK(BM_FixedCost)->ArgName("one_cpu")->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FixedCost)
+    ->ArgNames({"one_cpu", "spin_us", "poll_us", "inline"})
+    ->Args({0, 0, 0, 1})
+    ->Args({1, 0, 0, 1})
+    ->Args({0, 0, 0, 0})
+    ->Args({0, 50, 0, 1})
+    ->Args({0, 50, 50, 1})
+    ->Args({0, 0, 50, 1})
+    ->Args({0, 50, 0, 0})
+    ->Args({0, 50, 50, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // ---- 4: a 64 MiB memory-tier hit against memcpy ----------------------------------------------
 

@@ -304,13 +304,26 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     t.row("hand-written, sync per chunk / sync once, threaded stream",
           m(conn, f"{dense}/inline:0/chunks:64/one_cpu:0/manual_time", "hand_over_one_sync"), "x")
     same = "BM_DenseVsSameShape"
+
+    def same_name(chunks: int, one_cpu: int = 0, spin: int = 0, poll: int = 0) -> str:
+        return f"{same}/chunks:{chunks}/one_cpu:{one_cpu}/spin_us:{spin}/poll_us:{poll}/manual_time"
+
     for chunks in (1, 4, 16, 64):
         t.row(f"dense connector / same-shape hand-written load, {chunks} x 1 MiB, OS placement",
-              m(conn, f"{same}/chunks:{chunks}/one_cpu:0/manual_time", "conn_over_same"), "x", "<=", 1.01)
-    t.row("  the same, 1 x 1 MiB, one CPU (placement taken out)",
-          m(conn, f"{same}/chunks:1/one_cpu:1/manual_time", "conn_over_same"), "x")
+              m(conn, same_name(chunks), "conn_over_same"), "x", "<=", 1.01)
+    t.row("  the same, 1 x 1 MiB, one CPU (placement taken out)", m(conn, same_name(1, 1), "conn_over_same"), "x")
     t.row("  same-shape load / calling-thread load, 1 x 1 MiB, OS placement (the hand-off's price)",
-          m(conn, f"{same}/chunks:1/one_cpu:0/manual_time", "same_over_hand"), "x")
+          m(conn, same_name(1), "same_over_hand"), "x")
+    t.row("  process CPU / wall, 1 x 1 MiB, OS placement, no spin", m(conn, same_name(1), "cpu_per_wall"), "x")
+    for spin, poll, what in ((50, 0, "both lanes spin 50 us (ConnectorOptions::lane_spin)"),
+                             (50, 50, "lanes spin 50 us + scheduler polls 50 us")):
+        for chunks in (1, 4):
+            name = same_name(chunks, 0, spin, poll)
+            t.row(f"dense connector / same-shape, {chunks} x 1 MiB, OS placement, {what}",
+                  m(conn, name, "conn_over_same"), "x", "<=", 1.01)
+            t.row(f"  connector load time (no spin: {m(conn, same_name(chunks), 'conn_us') or 0:.1f} us)",
+                  m(conn, name, "conn_us"), "us")
+            t.row("  process CPU / wall (2.0 = both CPUs busy)", m(conn, name, "cpu_per_wall"), "x")
     parts = (("to_get_ns", "load() to the tier get: hand-off to the lane (+ spec checks)"),
              ("get_ns", "the tier get"),
              ("get_to_copy_ns", "get end to copy"),
@@ -319,8 +332,15 @@ def report(r: Results, out_dir: str, trace: str) -> int:
              ("to_emit_ns", "synchronize end to emit (record built)"),
              ("emit_ns", "emit: the record's push + doorbell (futex wake)"),
              ("drain_ns", "emit end to record drained (scheduler wake-up + drain)"))
+    handoffs = (("to_get_ns", "hand-off to the lane"), ("copy_ns", "copy_async (threaded: the stream's wake)"),
+                ("sync_ns", "synchronize (threaded: the lane's wake)"), ("emit_ns", "emit (futex wake)"),
+                ("drain_ns", "scheduler wake-up + drain"))
+
+    def fixed_name(one_cpu: int, spin: int = 0, poll: int = 0, inline: int = 1) -> str:
+        return f"BM_FixedCost/one_cpu:{one_cpu}/spin_us:{spin}/poll_us:{poll}/inline:{inline}/manual_time"
+
     for pin, where in ((0, "OS placement"), (1, "one CPU")):
-        fixed = f"BM_FixedCost/one_cpu:{pin}/manual_time"
+        fixed = fixed_name(pin)
         t.row(f"fixed cost: load() to record drained, 1 x 4 KiB chunk, {where}, median",
               scale(m(conn, fixed, "total_ns"), 1e3), "us", *(("<=", 10) if pin == 0 else ()))
         for key, what in parts:
@@ -330,6 +350,24 @@ def report(r: Results, out_dir: str, trace: str) -> int:
         dom = m(conn, fixed, "dominant_part")
         if dom is not None and 0 <= int(dom) < len(parts):
             print(f"    dominant part: {parts[int(dom)][1]}")
+        t.row("  process CPU per iteration (load + bare hand-off) / wall", m(conn, fixed, "cpu_per_wall"), "x")
+    for spin, poll, inline, what, targeted in (
+            (50, 0, 1, "lanes spin 50 us", True),
+            (50, 50, 1, "lanes spin 50 us + scheduler polls 50 us", True),
+            (0, 50, 1, "scheduler polls 50 us, lanes sleep", False),
+            (0, 0, 0, "threaded stream, no spin", False),
+            (50, 0, 0, "threaded stream, lanes + stream spin 50 us", False),
+            (50, 50, 0, "threaded stream, lanes + stream spin 50 us + scheduler polls 50 us", False)):
+        fixed = fixed_name(0, spin, poll, inline)
+        t.row(f"fixed cost, 1 x 4 KiB, OS placement, {what}", scale(m(conn, fixed, "total_ns"), 1e3), "us",
+              *(("<=", 10) if targeted else ()))
+        split = ", ".join(f"{label} {v / 1e3:.2f}" for key, label in handoffs
+                          if (v := m(conn, fixed, key)) is not None and (inline == 0 or key not in ("copy_ns", "sync_ns")))
+        if split:
+            print(f"    hand-offs (us): {split}")
+        cpu, wall = m(conn, fixed, "cpu_us_per_iter"), m(conn, fixed, "wall_us_per_iter")
+        t.row(f"  process CPU / wall per iteration ({cpu or 0:.1f} / {wall or 0:.1f} us)",
+              m(conn, fixed, "cpu_per_wall"), "x")
     t.row("load-path / memcpy bytes/s, 64 MiB memory-tier hit, inline stream",
           m(conn, f"{hit}/inline:1/one_cpu:1/manual_time", "load_over_memcpy"), "x", ">=", 0.90)
     t.row("  the same, threaded stream", m(conn, f"{hit}/inline:0/one_cpu:1/manual_time", "load_over_memcpy"), "x")

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <set>
 #include <stdexcept>
 
@@ -558,6 +559,61 @@ TEST_CASE("R19 a bad geometry is a typed error naming the value") {
     CHECK(e.code() == ErrorCode::invalid_argument);
     CHECK(std::string(e.what()).find("40") != std::string::npos);
   }
+}
+
+TEST_CASE("connector: a negative lane_spin is refused naming the option and claims nothing from the group") {
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+  Mem tier(1 << 20);
+  try {
+    Dense conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group,
+               ConnectorOptions{.lane_spin = std::chrono::microseconds{-3}});
+    FAIL("a negative lane_spin must be refused");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    const std::string what = e.what();
+    CHECK(what.find("ConnectorOptions::lane_spin") != std::string::npos);
+    CHECK(what.find("-3000") != std::string::npos);
+  }
+  CHECK(ConnectorOptions{}.lane_spin == std::chrono::nanoseconds{0});  // off by default
+  CHECK_NOTHROW(Dense(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group));  // lanes still free
+}
+
+TEST_CASE("connector: with lane_spin on every load reports once and saves still report and drain and stop") {
+  using namespace std::chrono_literals;
+  std::atomic<int> kv_calls{0};
+  HostRuntime rt(HostRuntimeOptions{.stream_spin = 5s});
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+  RecordLog log;
+  constexpr std::uint64_t loads = 150;
+  // A spin far longer than the test: the lanes spin whenever they are idle, so a destructor
+  // that waited it out would show.
+  std::optional<ScriptedConnector> conn;
+  conn.emplace(pools.geo, rt, pools.memory(), ScriptedKv{{}, &kv_calls}, ScriptedState{}, group,
+               ConnectorOptions{.lane_capacity = 8, .lane_spin = 5s});
+  for (std::uint64_t i = 1; i <= loads; ++i) {
+    LoadRequest r = joint_request(i);
+    if (i % 3 == 0) r.kv.reset();     // state-only: the state lane's own task
+    if (i % 5 == 0) r.state.reset();  // KV-only
+    conn->load(std::move(r));
+    if (i % 50 == 0) {
+      conn->save_kv(KvSave{SaveKey{PrefixHash{i}, Generation{i}}, {PrefixHash{i}}, block_range(0, 4)});
+      REQUIRE(drain_until(group, log, [&] { return log.loads.size() >= i; }));
+    }
+  }
+  conn->drain();
+  REQUIRE(drain_until(group, log, [&] { return log.loads.size() >= loads && log.stores.size() >= 6; }));
+  for (std::uint64_t i = loads + 1; i <= loads + 20; ++i) conn->load(joint_request(i));  // queued at destruction
+  const auto t0 = std::chrono::steady_clock::now();
+  conn.reset();  // finishes every queued task, then joins: the spin ends at once
+  CHECK(std::chrono::steady_clock::now() - t0 < 4s);
+  group.drain(log);
+  CHECK(log.loads.size() == loads + 20);
+  std::set<std::uint64_t> seen;
+  for (const auto& r : log.loads) CHECK(seen.insert(r.key.request.value).second);
+  CHECK(log.stores.size() == 6);
 }
 
 TEST_CASE("R19 a rank cut for another world size does not join the group") {

@@ -80,6 +80,46 @@ TEST_CASE("host runtime: bad options throw invalid_argument naming the value") {
     CHECK(e.code() == ErrorCode::invalid_argument);
     CHECK(std::string(e.what()).find("48") != std::string::npos);
   }
+  try {
+    HostRuntime rt(HostRuntimeOptions{.stream_spin = std::chrono::nanoseconds{-7}});
+    FAIL("expected an Error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    const std::string what = e.what();
+    CHECK(what.find("stream_spin") != std::string::npos);
+    CHECK(what.find("-7") != std::string::npos);
+  }
+  CHECK(HostRuntime().options().stream_spin == std::chrono::nanoseconds{0});  // off by default
+}
+
+TEST_CASE("host runtime: with stream_spin on a threaded stream runs every op in order and stops promptly") {
+  using namespace std::chrono_literals;
+  constexpr std::size_t n = 64 * 1024;
+  const auto src = pattern(n, 3);
+  std::vector<std::byte> mid(n), dst(n);  // outlive the streams: a copy is still queued when they go
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    HostRuntime rt(HostRuntimeOptions{.stream_spin = 30s});  // far longer than the test may take
+    auto a = rt.make_stream();
+    auto b = rt.make_stream();
+    HostRuntime::Event e;
+    REQUIRE(rt.create_event(e));
+    for (int round = 0; round < 50; ++round) {
+      std::fill(mid.begin(), mid.end(), std::byte{0});
+      std::fill(dst.begin(), dst.end(), std::byte{0});
+      // a: src -> mid in 16 pieces, then the event; b waits on it and copies mid -> dst.
+      for (std::size_t off = 0; off < n; off += n / 16) REQUIRE(rt.copy_async(mid.data() + off, src.data() + off, n / 16, a));
+      REQUIRE(rt.record(e, a));
+      REQUIRE(rt.wait(b, e));
+      REQUIRE(rt.copy_async(dst.data(), mid.data(), n, b));
+      REQUIRE(rt.synchronize(b));
+      CHECK(dst == src);
+      if (round % 10 == 9) std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE(rt.copy_async(dst.data(), src.data(), n, a));  // queued when the streams go away
+  }  // destroying the streams finishes their work and ends the spin at once
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  CHECK(dst == src);  // the copy queued last ran before the stream went away
 }
 
 TEST_CASE("host runtime: allocations are aligned and counted and freed") {

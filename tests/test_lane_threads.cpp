@@ -42,6 +42,78 @@ TEST_CASE("lane: capacity 0 is refused with an Error naming the lane and the val
   }
 }
 
+TEST_CASE("lane: a negative spin is refused with an Error naming the lane and the value") {
+  try {
+    Lane lane("kvfuse-load", 8, std::chrono::nanoseconds{-5});
+    FAIL("expected an Error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    const std::string what = e.what();
+    CHECK(what.find("kvfuse-load") != std::string::npos);
+    CHECK(what.find("spin") != std::string::npos);
+    CHECK(what.find("-5") != std::string::npos);
+  }
+  Lane lane("kvfuse-load", 8);  // the default never spins
+  CHECK(lane.spin() == std::chrono::nanoseconds{0});
+}
+
+TEST_CASE("lane: with spin on every task from several submitters runs once and in each submitter's order") {
+  // A spin long enough that the lane is often still polling when the next task comes, and
+  // gaps now and then longer than it, so the lane also goes to sleep and is woken by the cv.
+  Lane lane("kvfuse-load", 8, 200us);
+  CHECK(lane.spin() == 200us);
+  constexpr int per_thread = 300;
+  std::vector<std::vector<int>> seen(3);
+  for (auto& v : seen) v.reserve(per_thread);
+  std::atomic<bool> wrong_thread{false};
+  std::vector<std::thread> submitters;
+  for (int t = 0; t < 3; ++t) {
+    submitters.emplace_back([&, t] {
+      for (int i = 0; i < per_thread; ++i) {
+        lane.submit([&seen, &lane, &wrong_thread, t, i]() noexcept {
+          if (!lane.on_lane()) wrong_thread.store(true);
+          seen[static_cast<std::size_t>(t)].push_back(i);
+        });
+        if (i % 50 == 49) std::this_thread::sleep_for(1ms);  // past the spin: the lane sleeps
+      }
+    });
+  }
+  for (auto& th : submitters) th.join();
+  lane.wait_idle();
+  CHECK_FALSE(wrong_thread.load());
+  for (const auto& v : seen) {
+    REQUIRE(v.size() == per_thread);
+    for (int i = 0; i < per_thread; ++i) CHECK(v[static_cast<std::size_t>(i)] == i);
+  }
+  CHECK(lane.submitted() == 3 * per_thread);
+  CHECK(lane.completed() == 3 * per_thread);
+  // One task at a time with the lane idle in between: each is picked up whether the lane
+  // still spins or already sleeps, and wait_idle sees it finished.
+  for (int i = 0; i < 20; ++i) {
+    std::atomic<int> ran{0};
+    lane.submit([&ran]() noexcept { ran.fetch_add(1); });
+    lane.wait_idle();
+    CHECK(ran.load() == 1);
+    if (i % 5 == 4) std::this_thread::sleep_for(1ms);
+  }
+}
+
+TEST_CASE("lane: a spinning lane's destructor runs every queued task and returns without waiting out the spin") {
+  std::atomic<int> ran{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    Lane lane("kvfuse-load", 4, 30s);  // a spin far longer than the test may take
+    lane.submit([&ran]() noexcept { ran.fetch_add(1); });
+    REQUIRE(eventually([&] { return lane.completed() == 1; }));  // now it spins
+    for (int i = 0; i < 50; ++i) lane.submit([&ran]() noexcept { ran.fetch_add(1); });
+    lane.wait_idle();
+    CHECK(ran.load() == 51);
+    for (int i = 0; i < 3; ++i) lane.submit([&ran]() noexcept { ran.fetch_add(1); });
+  }  // stopping ends the spin at once
+  CHECK(ran.load() == 54);
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+}
+
 TEST_CASE("lane: tasks run in submission order on the lane's one thread") {
   Lane lane("kvfuse-load", 16);
   CHECK(lane.name() == "kvfuse-load");

@@ -31,11 +31,8 @@
 #include <boost/lockfree/spsc_queue.hpp>
 
 #include <kvfuse/bridge/records.hpp>
+#include <kvfuse/detail/spin.hpp>
 #include <kvfuse/error.hpp>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 namespace kvfuse {
 
@@ -96,14 +93,6 @@ struct RankQueueStats {
 };
 
 namespace detail {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  _mm_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
 
 /// Adds to a counter that only one thread writes: a relaxed load and store, no RMW.
 inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t by = 1) noexcept {

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -33,6 +34,23 @@ struct ConnectorOptions {
   std::size_t lane_capacity = 256;  ///< queued tasks per lane before submit backs off
   std::size_t staging_bytes = 0;    ///< per-lane staging; 0 = the larger of a KV chunk and a state entry
                                     ///< (StateLeg::entry_bytes), for the rank's geometry
+  /// How long the lanes that run loads (the load lane, and the state lane of a composition
+  /// that has one) poll for the next load after finishing one, before they sleep on their
+  /// condition variable (BasicLane's `spin`). 0, the default, never spins: today's
+  /// behaviour. Must be >= 0.
+  ///
+  /// What it buys: a load submitted while its lane still spins skips the lane's futex
+  /// wake-up; on a 2-vCPU VM whose other vCPU sits halted that wake-up is ~22 us of the
+  /// ~48 us a one-chunk load costs from load() to its record, and with 50 us of spin the
+  /// whole path measured ~5 us for loads back to back (bench/README.md, issue 12). A load
+  /// that comes after the spin ran out finds the lane asleep and pays the wake-up as before.
+  /// What it costs: after every load (every burst of loads) each of those lanes keeps one
+  /// CPU busy for up to `lane_spin`, whether or not another load comes; on a two-core
+  /// machine that is a core the engine's own threads cannot use, and two with a concurrent
+  /// state lane. The save lane never spins. Use it when loads arrive closer together than
+  /// the spin (an engine issuing many small loads per step) and a core can be spared;
+  /// leave it 0 on a small or shared machine, and when loads are rare.
+  std::chrono::nanoseconds lane_spin{0};
 };
 
 /// Counters of one connector. Read from any thread (relaxed atomics): a snapshot, not a fence.
@@ -89,7 +107,7 @@ class Connector {
   /// and `memory` must outlive the connector.
   Connector(const RankGeometry& geometry, R& runtime, DeviceMemory memory, KvLeg kv_leg, StateLeg state_leg,
             Emitters emitters, ConnectorOptions options = {})
-      : geometry_(validated(geometry, memory)),
+      : geometry_(validated(geometry, memory, options)),
         runtime_(runtime),
         memory_(memory),
         kv_leg_(std::move(kv_leg)),
@@ -100,9 +118,9 @@ class Connector {
         held_views_(geometry_.max_chunks_per_load),
         fence_(runtime),
         streams_(make_streams(runtime)),
-        load_lane_("kvfuse-load", options.lane_capacity),
+        load_lane_("kvfuse-load", options.lane_capacity, options.lane_spin),
         save_lane_("kvfuse-save", options.lane_capacity),
-        state_lane_("kvfuse-state", options.lane_capacity) {}
+        state_lane_("kvfuse-state", options.lane_capacity, options.lane_spin) {}
 
   /// Same, claiming this rank's lane emitters from `group` (lanes 0 .. lane_count-1 of
   /// rank geometry.rank). Throws kvfuse::Error(invalid_argument) naming both values if
@@ -112,7 +130,7 @@ class Connector {
   Connector(const RankGeometry& geometry, R& runtime, DeviceMemory memory, KvLeg kv_leg, StateLeg state_leg,
             Group& group, ConnectorOptions options = {})
       : Connector(geometry, runtime, memory, std::move(kv_leg), std::move(state_leg),
-                  claim_checked(group, geometry, memory), options) {}
+                  claim_checked(group, geometry, memory, options), options) {}
 
   /// Claims the lane emitters of `rank` from `group`, in lane order (load, save, state).
   static Emitters claim_emitters(Group& group, std::uint32_t rank) {
@@ -192,8 +210,12 @@ class Connector {
  private:
   using Streams = std::vector<typename R::Stream>;
 
-  static const RankGeometry& validated(const RankGeometry& geometry, DeviceMemory memory) {
+  static const RankGeometry& validated(const RankGeometry& geometry, DeviceMemory memory,
+                                       const ConnectorOptions& options) {
     geometry.validate();
+    if (options.lane_spin < std::chrono::nanoseconds{0})
+      throw Error(ErrorCode::invalid_argument, "ConnectorOptions::lane_spin must be >= 0 ns, got " +
+                                                   std::to_string(options.lane_spin.count()) + " ns");
     if (memory.kv_blocks == nullptr) throw Error(ErrorCode::invalid_argument, "DeviceMemory::kv_blocks is null");
     if (has_state && geometry.num_slots == 0)
       throw Error(ErrorCode::invalid_argument, "num_slots must be > 0 for a stateful connector, got 0");
@@ -202,10 +224,11 @@ class Connector {
     return geometry;
   }
 
-  /// Validates like the constructor, refuses a rank whose world is not the group's, then
+  /// Validates like the constructor (options included), refuses a rank whose world is not the group's, then
   /// claims the rank's emitters.
-  static Emitters claim_checked(Group& group, const RankGeometry& geometry, DeviceMemory memory) {
-    (void)validated(geometry, memory);
+  static Emitters claim_checked(Group& group, const RankGeometry& geometry, DeviceMemory memory,
+                                const ConnectorOptions& options) {
+    (void)validated(geometry, memory, options);
     if (geometry.world_size != group.world_size())
       throw Error(ErrorCode::invalid_argument,
                   "geometry.world_size (" + std::to_string(geometry.world_size) + ") differs from the group's world_size (" +

@@ -13,11 +13,22 @@
 // dies and never calls std::terminate. Whatever the task owed (a completion record) is
 // the task's own guard's business: kvfuse's connector tasks report through a guard
 // object and never let an exception escape it.
+//
+// Spin before sleeping (opt-in; off by default). A lane asleep on its condition variable
+// costs a futex wake per hand-off, and on a VM whose other vCPU is halted that wake-up
+// takes 15-25 us (bench/README.md, issue 12). A lane built with spin > 0 polls for new
+// work for up to that long after it ran a task, before it goes back to sleep: a task
+// submitted meanwhile starts within about a microsecond and the submitter's notify finds
+// no sleeper (no syscall). The price is CPU: the lane's thread runs flat out for up to
+// `spin` after every burst of tasks, whether or not more work comes. No lock is held while
+// spinning (the submitters never wait for the spinner), and the loop yields its CPU
+// regularly. With spin 0 the lane behaves exactly as it did without the option.
 #pragma once
 
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +41,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <kvfuse/detail/spin.hpp>
 #include <kvfuse/error.hpp>
 
 namespace kvfuse {
@@ -100,12 +112,20 @@ class BasicLane {
   /// Starts the lane's thread. `name` is for debugging (it also names the OS thread,
   /// truncated to 15 characters); `capacity` is the number of task slots, allocated now;
   /// the running task keeps its slot until it returns, so at most `capacity` tasks are
-  /// queued or running at once.
-  /// Throws Error(invalid_argument) for capacity 0, Error(device_failure) if the thread
-  /// cannot start.
-  BasicLane(std::string_view name, std::size_t capacity) : name_(name), capacity_(capacity) {
+  /// queued or running at once. `spin`: how long the lane polls for new work after it ran
+  /// a task before it sleeps on its condition variable (see the file comment: it trades up
+  /// to `spin` of one CPU after every burst of tasks for a wake-up without a futex); 0, the
+  /// default, never spins.
+  /// Throws Error(invalid_argument) for capacity 0 or a negative spin, Error(device_failure)
+  /// if the thread cannot start.
+  BasicLane(std::string_view name, std::size_t capacity, std::chrono::nanoseconds spin = std::chrono::nanoseconds{0})
+      : name_(name), capacity_(capacity), spin_(spin) {
     if (capacity == 0) {
       throw Error(ErrorCode::invalid_argument, "Lane '" + name_ + "': capacity must be > 0, got 0");
+    }
+    if (spin < std::chrono::nanoseconds{0}) {
+      throw Error(ErrorCode::invalid_argument,
+                  "Lane '" + name_ + "': spin must be >= 0 ns, got " + std::to_string(spin.count()) + " ns");
     }
     slots_ = std::make_unique<detail::TaskSlot<TaskBytes>[]>(capacity);
     try {
@@ -124,7 +144,7 @@ class BasicLane {
   ~BasicLane() {
     {
       std::lock_guard lock(mutex_);
-      stopping_ = true;
+      stopping_.store(true, std::memory_order_relaxed);
     }
     has_work_.notify_one();
     worker_.join();
@@ -180,6 +200,9 @@ class BasicLane {
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   /// Number of task slots.
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  /// How long the lane polls for work after a task before it sleeps (0: never).
+  /// Immutable after construction: any thread.
+  [[nodiscard]] std::chrono::nanoseconds spin() const noexcept { return spin_; }
   /// Tasks queued so far. Any thread; lock-free.
   [[nodiscard]] std::uint64_t submitted() const noexcept { return submitted_.load(std::memory_order_relaxed); }
   /// Tasks finished so far (a task that threw counts as finished). Any thread; lock-free.
@@ -213,8 +236,16 @@ class BasicLane {
 
   void run() noexcept {
     std::unique_lock lock(mutex_);
+    bool ran = false;  // a task ran since the lane last slept: worth spinning for the next
     for (;;) {
-      has_work_.wait(lock, [&] { return head_ != tail_ || stopping_; });
+      if (ran && spin_.count() > 0 && head_ == tail_ && !stopping_.load(std::memory_order_relaxed)) {
+        const std::uint64_t seen = tail_;
+        lock.unlock();
+        spin_for_work(seen);
+        lock.lock();
+      }
+      ran = false;
+      has_work_.wait(lock, [&] { return head_ != tail_ || stopping_.load(std::memory_order_relaxed); });
       if (head_ == tail_) return;  // stopping, and nothing left to run
       // The slot at head_ stays ours until head_ moves: submitters never write it.
       detail::TaskSlot<TaskBytes>& slot = slots_[head_ % capacity_];
@@ -227,7 +258,17 @@ class BasicLane {
       completed_.fetch_add(1, std::memory_order_relaxed);
       if (space_waiters_ > 0) has_space_.notify_one();
       idle_.notify_all();
+      ran = true;
     }
+  }
+
+  // Lane thread, no lock held: polls until a task beyond `seen` was submitted, the lane is
+  // stopping, or spin_ has passed. The counters are only a hint; the caller relocks and
+  // reads the ring under the mutex as usual, so nothing is ordered by these loads.
+  void spin_for_work(std::uint64_t seen) const noexcept {
+    (void)detail::poll_for(spin_, [&]() noexcept {
+      return submitted_.load(std::memory_order_relaxed) != seen || stopping_.load(std::memory_order_relaxed);
+    });
   }
 
   const std::string name_;
@@ -239,8 +280,9 @@ class BasicLane {
   std::condition_variable idle_;
   std::uint64_t head_ = 0;  // next task to run (guarded by mutex_)
   std::uint64_t tail_ = 0;  // next free slot (guarded by mutex_)
+  const std::chrono::nanoseconds spin_;
   std::uint32_t space_waiters_ = 0;
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};  // written under mutex_; atomic so a spinning lane sees it without the lock
   std::atomic<std::uint64_t> submitted_{0};
   std::atomic<std::uint64_t> completed_{0};
   std::atomic<std::uint64_t> full_waits_{0};
