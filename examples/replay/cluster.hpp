@@ -243,6 +243,9 @@ class Cluster {
         model_id_(model_id),
         group_(TpQuorumOptions{o_.world, Conn::lane_count, 8192, 8192, 4096}),
         index_(OffloadIndexOptions{.hash_capacity = std::size_t{1} << 18, .slot_count = stateful ? o_.num_slots : 0},
+               // An orphan's slot comes back to the pool through the coordinator's release
+               // event for its torn-down request; the index's callback is the same fact,
+               // so it is only counted here, never used to free the slot a second time.
                [this](SlotId) { ++index_slot_releases_; }),
         pump_(group_, index_),
         blocks_(o_.num_blocks),
