@@ -137,4 +137,35 @@ bool drain_until(Group& group, RecordLog& log, Pred pred) {
 }
 
 
+/// The engine side of the connector tests: index, quorum and pump over `world` ranks, and
+/// every load resolution and save settlement the pump produced, in order.
+struct PumpedEngine {
+  std::vector<SlotId> released_slots;
+  TpQuorum group;
+  OffloadIndex<> index;
+  SettlementPump<TpQuorum, OffloadIndex<>> pump{group, index};
+  std::vector<LoadResolution> loads;
+  std::vector<SaveSettlement> stores;
+
+  PumpedEngine(std::uint32_t world, std::uint32_t slots)
+      : group(TpQuorumOptions{world, 3, 1024}),
+        index(OffloadIndexOptions{.hash_capacity = 1024, .slot_count = slots},
+              [this](SlotId s) { released_slots.push_back(s); }) {}
+
+  /// Steps the pump until `n` more load resolutions and `m` more save settlements (two per
+  /// save: released, then stored) arrived (20 s bound).
+  bool settle(std::size_t n, std::size_t m) {
+    const std::size_t want_loads = loads.size() + n, want_stores = stores.size() + m;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (loads.size() < want_loads || stores.size() < want_stores) {
+      auto step = pump.step();
+      loads.insert(loads.end(), step.resolutions.begin(), step.resolutions.end());
+      stores.insert(stores.end(), step.saves.begin(), step.saves.end());
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      if (step.records == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return loads.size() == want_loads && stores.size() == want_stores;
+  }
+};
+
 }  // namespace kvfuse::testing

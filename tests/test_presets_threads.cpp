@@ -17,32 +17,8 @@ constexpr std::uint32_t kWorld = 4;
 
 /// The engine of these tests: index + quorum + pump, and the bookkeeping of a scheduler
 /// that parks requests until their load settles.
-struct Engine {
-  std::vector<SlotId> released_slots;
-  TpQuorum group{TpQuorumOptions{kWorld, 3, 1024}};
-  OffloadIndex<> index;
-  SettlementPump<TpQuorum, OffloadIndex<>> pump{group, index};
-  std::vector<LoadResolution> loads;
-  std::vector<SaveSettlement> stores;
-
-  explicit Engine(std::uint32_t slots)
-      : index(OffloadIndexOptions{.hash_capacity = 1024, .slot_count = slots},
-              [this](SlotId s) { released_slots.push_back(s); }) {}
-
-  /// Steps the pump until `n` more load resolutions and `m` more save settlements (two per
-  /// save: released, then stored) arrived (10 s bound).
-  bool settle(std::size_t n, std::size_t m) {
-    const std::size_t want_loads = loads.size() + n, want_stores = stores.size() + m;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (loads.size() < want_loads || stores.size() < want_stores) {
-      auto step = pump.step();
-      loads.insert(loads.end(), step.resolutions.begin(), step.resolutions.end());
-      stores.insert(stores.end(), step.saves.begin(), step.saves.end());
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      if (step.records == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    return loads.size() == want_loads && stores.size() == want_stores;
-  }
+struct Engine : PumpedEngine {
+  explicit Engine(std::uint32_t slots) : PumpedEngine(kWorld, slots) {}
 };
 
 template <class Tier>

@@ -22,29 +22,8 @@ namespace {
 constexpr std::uint32_t kWorld = 4;
 
 /// Index + quorum + pump, and the settlements a scheduler would act on.
-struct Engine {
-  std::vector<SlotId> released_slots;
-  TpQuorum group{TpQuorumOptions{kWorld, 3, 1024}};
-  OffloadIndex<> index;
-  SettlementPump<TpQuorum, OffloadIndex<>> pump{group, index};
-  std::vector<LoadResolution> loads;
-  std::vector<SaveSettlement> stores;
-
-  Engine() : index(OffloadIndexOptions{.hash_capacity = 1024, .slot_count = 4}, [this](SlotId s) { released_slots.push_back(s); }) {}
-
-  /// Steps until `n` more load resolutions and `m` more save settlements arrived (20 s bound).
-  bool settle(std::size_t n, std::size_t m) {
-    const std::size_t want_loads = loads.size() + n, want_stores = stores.size() + m;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (loads.size() < want_loads || stores.size() < want_stores) {
-      auto step = pump.step();
-      loads.insert(loads.end(), step.resolutions.begin(), step.resolutions.end());
-      stores.insert(stores.end(), step.saves.begin(), step.saves.end());
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      if (step.records == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    return loads.size() == want_loads && stores.size() == want_stores;
-  }
+struct Engine : PumpedEngine {
+  Engine() : PumpedEngine(kWorld, 4) {}
 };
 
 /// One rank: pools and its connector over `tier` (the rank's own RedisTier, or one shared

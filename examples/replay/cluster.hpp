@@ -432,14 +432,18 @@ class Cluster {
 
   // ---- the model: what each position holds --------------------------------------------
   static std::uint64_t block_id(const Request& q, std::size_t b) {
-    return block_identity(q.chunk_keys[b * block_tokens / chunk_tokens], b);
+    return block_identity(q.chunk_keys[b * block_tokens / chunk_tokens].value, b);
   }
-  /// The state hash the index keys the checkpoint at boundary B by: the prompt's chained
-  /// chunk keys before B, so equal hashes mean equal prefixes.
+  /// The state hash the index keys the checkpoint at boundary B by: the prompt's chunk keys
+  /// before B, chained (chain_start, then chain_next per chunk), so equal hashes mean equal
+  /// prefixes.
+  std::uint64_t chain_start() const noexcept { return mix64(model_id_ ^ 0x5354415445ULL); }
+  static std::uint64_t chain_next(std::uint64_t chain, PrefixHash key) noexcept { return mix64(chain ^ key.value); }
+  static PrefixHash state_hash_at(std::uint64_t chain, TokenCount boundary) noexcept { return PrefixHash{mix64(chain + boundary)}; }
   PrefixHash state_hash(const Request& q, TokenCount boundary) const {
-    std::uint64_t h = mix64(model_id_ ^ 0x5354415445ULL);
-    for (std::size_t c = 0; c < boundary / chunk_tokens; ++c) h = mix64(h ^ q.chunk_keys[c]);
-    return PrefixHash{mix64(h + boundary)};
+    std::uint64_t chain = chain_start();
+    for (std::size_t c = 0; c < boundary / chunk_tokens; ++c) chain = chain_next(chain, q.chunk_keys[c]);
+    return state_hash_at(chain, boundary);
   }
   static std::uint64_t state_at(const Request& q, TokenCount boundary, std::uint64_t from_state = initial_state, TokenCount from = 0) {
     std::uint64_t s = from_state;
@@ -480,12 +484,13 @@ class Cluster {
       attempts_.emplace(id, std::move(a));
       return true;
     }
-    std::vector<PrefixHash> keys;
-    for (std::uint64_t k : q.chunk_keys) keys.push_back(PrefixHash{k});
-    std::vector<Checkpoint> checkpoints;
-    for (TokenCount b = chunk_tokens; stateful && b <= q.prompt_tokens - 1; b += chunk_tokens)
-      checkpoints.push_back(Checkpoint{b, state_hash(q, b)});
-    const AdmitRequest ar{id, q.prompt_tokens, a.hbm, keys, a.blocks, checkpoints, a.slot};
+    std::vector<Checkpoint> checkpoints;  // every chunk boundary below P, one chain walk
+    std::uint64_t chain = chain_start();
+    for (TokenCount b = chunk_tokens; stateful && b <= q.prompt_tokens - 1; b += chunk_tokens) {
+      chain = chain_next(chain, q.chunk_keys[b / chunk_tokens - 1]);
+      checkpoints.push_back(Checkpoint{b, state_hash_at(chain, b)});
+    }
+    const AdmitRequest ar{id, q.prompt_tokens, a.hbm, q.chunk_keys, a.blocks, checkpoints, a.slot};
     AdmitDecision d;
     if constexpr (Composed) {
       if (coin(o_.seed, q.index, 11, 250)) publish_on_producer(id, q);
@@ -617,10 +622,8 @@ class Cluster {
       checkpoint = Checkpoint{save_at, state_hash(q, save_at)};
       if (o_.faults.state_miss && coin(o_.seed, q.index, 3, 150)) to_break_.push_back(checkpoint->hash);
     }
-    std::vector<PrefixHash> keys;
-    for (std::uint64_t k : q.chunk_keys) keys.push_back(PrefixHash{k});
-    (void)coord_.finish(FinishRequest{id, total, keys, a.blocks, checkpoint, a.slot});
-    for (std::size_t c = 0; c < total / chunk_tokens; ++c) saved_.push_back(keys[c]);
+    (void)coord_.finish(FinishRequest{id, total, q.chunk_keys, a.blocks, checkpoint, a.slot});
+    for (std::size_t c = 0; c < total / chunk_tokens; ++c) saved_.push_back(q.chunk_keys[c]);
     if (saved_.size() > 4096) saved_.erase(saved_.begin(), saved_.begin() + 2048);
   }
 

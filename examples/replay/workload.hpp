@@ -32,7 +32,7 @@ struct Request {
   double arrival_ms = 0;         ///< simulated arrival time
   TokenCount prompt_tokens = 0;  ///< P
   TokenCount output_tokens = 0;  ///< tokens decoded after the prompt
-  std::vector<std::uint64_t> chunk_keys;  ///< one per chunk of [0, P + output)
+  std::vector<kvfuse::PrefixHash> chunk_keys;  ///< one per chunk of [0, P + output)
   std::uint64_t reuse_bound = 0; ///< trace: tokens an unlimited cache could reuse (see read_trace)
   std::uint64_t session = 0;     ///< sessions: which conversation
 };
@@ -128,8 +128,8 @@ inline Workload read_trace(const std::string& path, std::size_t limit) {
     const std::uint64_t chunks = (total + chunk_tokens - 1) / chunk_tokens;
     for (std::uint64_t i = 0; i < chunks; ++i) {
       const bool whole_prompt_chunk = (i + 1) * chunk_tokens <= r.prompt_tokens && i < hash_ids.size();
-      r.chunk_keys.push_back(whole_prompt_chunk ? mix64(mix64(hash_ids[i] + 0x7472616365ULL) ^ i)
-                                                : mix64(mix64(r.index ^ (0x7461696cULL << 32)) ^ i));
+      r.chunk_keys.push_back(kvfuse::PrefixHash{whole_prompt_chunk ? mix64(mix64(hash_ids[i] + 0x7472616365ULL) ^ i)
+                                                                    : mix64(mix64(r.index ^ (0x7461696cULL << 32)) ^ i)});
     }
     w.requests.push_back(std::move(r));
   }
@@ -158,7 +158,7 @@ inline Workload make_sessions(std::uint64_t seed, std::size_t sessions, std::siz
       r.prompt_tokens = length + uniform(t == 0 ? 300 : 40, t == 0 ? 4000 : 1600);
       r.output_tokens = uniform(16, 320);
       const TokenCount total = r.prompt_tokens + r.output_tokens;
-      for (std::uint64_t i = 0; i * chunk_tokens < total; ++i) r.chunk_keys.push_back(mix64(salt ^ mix64(i)));
+      for (std::uint64_t i = 0; i * chunk_tokens < total; ++i) r.chunk_keys.push_back(kvfuse::PrefixHash{mix64(salt ^ mix64(i))});
       length = total;
       at += static_cast<double>(uniform(300, 2500));  // the user reads, thinks, types
       w.requests.push_back(std::move(r));

@@ -111,15 +111,11 @@ class PrometheusText {
 
   /// OffloadIndex::stats(): families `kvfuse_index_*`. Owner thread; allocates.
   void add(const IndexStats& stats, MetricLabels labels = {}) {
-    Batch b{render_labels(labels, {}), {}};
-    collect(b, detail::metrics::index_prefix, detail::metrics::index_fields, stats);
-    commit(std::move(b));
+    add_table(labels, {}, detail::metrics::index_prefix, detail::metrics::index_fields, stats);
   }
   /// Coordinator::stats(): families `kvfuse_coordinator_*`. Owner thread; allocates.
   void add(const CoordinatorStats& stats, MetricLabels labels = {}) {
-    Batch b{render_labels(labels, {}), {}};
-    collect(b, detail::metrics::coordinator_prefix, detail::metrics::coordinator_fields, stats);
-    commit(std::move(b));
+    add_table(labels, {}, detail::metrics::coordinator_prefix, detail::metrics::coordinator_fields, stats);
   }
   /// SettlementPump::stats(): families `kvfuse_pump_*`, and its `group` as add(GroupStats)
   /// writes it. Add a pump's stats or its group's, not both under the same labels.
@@ -143,52 +139,38 @@ class PrometheusText {
   /// `kvfuse_rank_queue_wait_seconds_total`. Label it, e.g. `{{"rank", "3"}}`.
   /// Owner thread; allocates.
   void add(const RankQueueStats& stats, MetricLabels labels = {}) {
-    Batch b{render_labels(labels, {}), {}};
-    collect(b, detail::metrics::rank_queue_prefix, detail::metrics::queue_fields, stats);
-    commit(std::move(b));
+    add_table(labels, {}, detail::metrics::rank_queue_prefix, detail::metrics::queue_fields, stats);
   }
   /// One rank's Connector::stats(): families `kvfuse_connector_*`. Label it by rank.
   /// Owner thread; allocates.
   void add(const ConnectorStats& stats, MetricLabels labels = {}) {
-    Batch b{render_labels(labels, {}), {}};
-    collect(b, detail::metrics::connector_prefix, detail::metrics::connector_fields, stats);
-    commit(std::move(b));
+    add_table(labels, {}, detail::metrics::connector_prefix, detail::metrics::connector_fields, stats);
   }
   /// One SaveFence::stats(): families `kvfuse_save_fence_*`. Label it by rank.
   /// Owner thread; allocates.
   void add(const SaveFenceStats& stats, MetricLabels labels = {}) {
-    Batch b{render_labels(labels, {}), {}};
-    collect(b, detail::metrics::save_fence_prefix, detail::metrics::save_fence_fields, stats);
-    commit(std::move(b));
+    add_table(labels, {}, detail::metrics::save_fence_prefix, detail::metrics::save_fence_fields, stats);
   }
   /// One MemoryTier::stats(): families `kvfuse_tier_*` with `tier="memory"` added (so
   /// `labels` may not name `tier`). Label it by rank, and by leg when a rank has two.
   /// Owner thread; allocates.
   void add(const MemoryTierStats& stats, MetricLabels labels = {}) {
-    Batch b{render_labels(labels, {"tier", "memory"}), {}};
-    collect(b, detail::metrics::tier_prefix, detail::metrics::memory_tier_fields, stats);
-    commit(std::move(b));
+    add_table(labels, {"tier", "memory"}, detail::metrics::tier_prefix, detail::metrics::memory_tier_fields, stats);
   }
   /// One DiskTier::stats(): families `kvfuse_tier_*` with `tier="disk"` added; the families
   /// both tiers have (entries, bytes, hits, misses, puts, put_failures) are shared.
   /// Owner thread; allocates.
   void add(const DiskTierStats& stats, MetricLabels labels = {}) {
-    Batch b{render_labels(labels, {"tier", "disk"}), {}};
-    collect(b, detail::metrics::tier_prefix, detail::metrics::disk_tier_fields, stats);
-    commit(std::move(b));
+    add_table(labels, {"tier", "disk"}, detail::metrics::tier_prefix, detail::metrics::disk_tier_fields, stats);
   }
   /// One TieredTier::stats(): families `kvfuse_tiered_tier_*` (add the front's and the
   /// back's own stats beside it). Owner thread; allocates.
   void add(const TieredTierStats& stats, MetricLabels labels = {}) {
-    Batch b{render_labels(labels, {}), {}};
-    collect(b, detail::metrics::tiered_tier_prefix, detail::metrics::tiered_tier_fields, stats);
-    commit(std::move(b));
+    add_table(labels, {}, detail::metrics::tiered_tier_prefix, detail::metrics::tiered_tier_fields, stats);
   }
   /// LoopbackPd::stats(): families `kvfuse_loopback_pd_*`. Owner thread; allocates.
   void add(const LoopbackPd::Stats& stats, MetricLabels labels = {}) {
-    Batch b{render_labels(labels, {}), {}};
-    collect(b, detail::metrics::loopback_pd_prefix, detail::metrics::loopback_pd_fields, stats);
-    commit(std::move(b));
+    add_table(labels, {}, detail::metrics::loopback_pd_prefix, detail::metrics::loopback_pd_fields, stats);
   }
   /// The exposition: per family, sorted by name, `# HELP`, `# TYPE`, then its samples
   /// (`name{labels} value`), every line ending in '\n'. Empty when nothing was added.
@@ -307,6 +289,15 @@ class PrometheusText {
     if (!v.integral && !std::isfinite(v.real)) return std::isnan(v.real) ? "NaN" : v.real > 0 ? "+Inf" : "-Inf";
     const std::to_chars_result r = v.integral ? std::to_chars(buf, buf + sizeof buf, v.count) : std::to_chars(buf, buf + sizeof buf, v.real);
     return std::string(buf, r.ptr);
+  }
+
+  /// One stats struct written through one table: the body of most add() overloads.
+  template <class S, std::size_t N>
+  void add_table(MetricLabels labels, MetricLabel own, std::string_view prefix, const detail::metrics::Field<S> (&fields)[N],
+                 const S& stats) {
+    Batch b{render_labels(labels, own), {}};
+    collect(b, prefix, fields, stats);
+    commit(std::move(b));
   }
 
   template <class S, std::size_t N>
