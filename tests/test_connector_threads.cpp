@@ -773,6 +773,66 @@ TEST_CASE("PagedKv asks a BatchedTier once per load and the mask says which chun
   CHECK(tier.inner.stats().retired_bytes == 0);  // every view was released
 }
 
+namespace {
+/// A BatchedTier whose hits are heap buffers that count themselves: `live` is how many
+/// views it handed out are not released yet, `most_live` the most there were when it
+/// produced an answer.
+struct CountingBatchTier {
+  std::size_t chunk_bytes = 0;
+  int live = 0, most_live = 0;
+  static void release(void* owner, void* buffer) noexcept {
+    --static_cast<CountingBatchTier*>(owner)->live;
+    delete[] static_cast<std::byte*>(buffer);
+  }
+  TierView get(const TierKey&, std::span<std::byte>) noexcept { return TierView(GetStatus::failed); }
+  void get_batch(const TierKey&, std::span<const PrefixHash> hashes, std::span<TierView> out, BatchSink sink) noexcept {
+    for (std::size_t i = 0; i < hashes.size(); ++i) {
+      most_live = std::max(most_live, live);
+      auto* buffer = new std::byte[chunk_bytes];
+      std::memset(buffer, static_cast<int>(i + 1), chunk_bytes);
+      ++live;
+      out[i] = TierView(std::span<const std::byte>(buffer, chunk_bytes), &release, this, buffer);
+      sink(i, out[i]);
+    }
+  }
+  bool put(const TierKey&, std::span<const std::byte>) noexcept { return false; }
+  bool contains(const TierKey&) const noexcept { return false; }
+  bool erase(const TierKey&) noexcept { return false; }
+};
+static_assert(BatchedTier<CountingBatchTier>);
+
+/// HostRuntime without its stream query: PagedKv cannot tell when a copy ran.
+struct UnqueryableRuntime : HostRuntime {
+  bool query(Stream&) noexcept = delete;
+};
+static_assert(Runtime<UnqueryableRuntime> && !QueryableRuntime<UnqueryableRuntime>);
+
+template <class R>
+int most_views_held(R& rt) {
+  const RankGeometry geo = small_geometry(0, 1);
+  DevicePools<HostRuntime> pools(rt, geo);
+  CountingBatchTier tier{geo.chunk_bytes()};
+  auto stream = rt.make_stream(HostStreamMode::inline_calls);
+  std::vector<std::byte> staging(geo.chunk_bytes());
+  std::vector<std::uint8_t> mask(geo.max_chunks_per_load);
+  std::vector<TierView> views(geo.max_chunks_per_load);
+  LaneContext<R> lane{rt, stream, staging, mask, geo, pools.memory(), views};
+  const KvSpec spec{0, 4 * geo.chunk_tokens, chunk_keys(5, 4), block_range(0, 16)};
+  const RetrieveResult r = PagedKv<CountingBatchTier>(tier).retrieve(spec, lane);
+  CHECK(r.complete());
+  CHECK(pools.block(BlockId{15})[0] == std::byte{4});  // the last chunk landed
+  CHECK(tier.live == 0);                                // every view released by the end
+  return tier.most_live;
+}
+}  // namespace
+
+TEST_CASE("PagedKv hands each batched hit back to its tier as soon as the runtime says its copy ran") {
+  HostRuntime queryable;
+  CHECK(most_views_held(queryable) == 0);  // each answer finds the previous one released
+  UnqueryableRuntime unqueryable;
+  CHECK(most_views_held(unqueryable) == 3);  // a runtime that cannot be asked holds all until the synchronize
+}
+
 TEST_CASE("PagedKv synchronizes once for memory-tier hits and before each reuse of staging") {
   using Faulty = FaultyRuntime<HostRuntime>;
   Faulty rt;

@@ -416,6 +416,29 @@ TEST_CASE("host runtime: an inline stream runs work on the caller and waits bloc
   CHECK(std::all_of(dst.begin(), dst.end(), [](std::byte x) { return x == std::byte{0x77}; }));
 }
 
+TEST_CASE("host runtime: query answers without waiting whether a stream ran everything queued on it") {
+  HostRuntime rt;
+  auto threaded = rt.make_stream();
+  auto inl = rt.make_stream(HostStreamMode::inline_calls);
+  HostRuntime::Stream empty;
+  CHECK_FALSE(rt.query(empty));
+  CHECK(rt.query(threaded));  // nothing queued yet
+  std::vector<std::byte> src(4096, std::byte{0x5a}), dst(4096);
+  REQUIRE(rt.copy_async(dst.data(), src.data(), src.size(), inl));
+  CHECK(rt.query(inl));  // an inline copy ran before copy_async returned
+  Gate gate;
+  REQUIRE(rt.launch_host_func(threaded, &Gate::host_func, &gate));
+  REQUIRE(rt.copy_async(dst.data(), src.data(), src.size(), threaded));
+  CHECK(eventually([&] { return gate.entered.load(); }));
+  CHECK_FALSE(rt.query(threaded));  // held at the gate: the copy has not run
+  gate.open();
+  CHECK(eventually([&] { return rt.query(threaded); }));  // turns true by itself, no synchronize
+  CHECK(rt.synchronize(threaded));
+  FaultyRuntime<HostRuntime> faulty;
+  auto fs = faulty.make_stream();
+  CHECK(faulty.query(fs));
+}
+
 TEST_CASE("faulty runtime: armed calls fail (counted) - heal restores - construction-time calls throw") {
   FaultyRuntime<> rt;
   auto stream = rt.make_stream();

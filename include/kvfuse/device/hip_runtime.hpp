@@ -187,6 +187,9 @@ class HipRuntime {
     return hipEventRecord(stream.drained_, stream.stream_) == hipSuccess &&
            hipEventSynchronize(stream.drained_) == hipSuccess;
   }
+  /// QueryableRuntime: hipStreamQuery; true when `stream` has run everything queued on it.
+  /// Never waits. False for an empty stream, work still queued, or a HIP error.
+  bool query(Stream& stream) noexcept { return stream.valid() && hipStreamQuery(stream.stream_) == hipSuccess; }
   /// A blocking-sync, timing-disabled event on this device, into `event`.
   bool create_event(Event& event) noexcept {
     if (hipSetDevice(device_) != hipSuccess) return false;
@@ -229,5 +232,6 @@ class HipRuntime {
 };
 
 static_assert(Runtime<HipRuntime>, "HipRuntime must model kvfuse::Runtime");
+static_assert(QueryableRuntime<HipRuntime>);
 
 }  // namespace kvfuse

@@ -214,6 +214,13 @@ class HostStreamState {
     has_work_.notify_one();
   }
 
+  /// Whether everything enqueued so far has run, without waiting. Exact when called by
+  /// the enqueuing thread (one enqueuer per stream, as streams are used).
+  [[nodiscard]] bool idle() const noexcept {
+    if (mode_ == HostStreamMode::inline_calls) return true;
+    return finished_.load(std::memory_order_acquire) == enqueued_.load(std::memory_order_relaxed);
+  }
+
   /// Host blocks until everything enqueued before the call has run.
   void drain() noexcept {
     if (mode_ == HostStreamMode::inline_calls) return;
@@ -247,6 +254,7 @@ class HostStreamState {
       execute(op);
       lock.lock();
       ++done_;
+      finished_.store(done_, std::memory_order_release);
       drained_.notify_all();
       ran = true;
     }
@@ -276,6 +284,7 @@ class HostStreamState {
   std::uint32_t space_waiters_ = 0;
   std::atomic<bool> stopping_{false};       // written under mutex_; atomic for the spinning thread
   std::atomic<std::uint64_t> enqueued_{0};  // = tail_ (stored under mutex_), for the spinning thread
+  std::atomic<std::uint64_t> finished_{0};  // = done_ (stored under mutex_ after the op ran), for idle()
   std::atomic<std::uint64_t> full_waits_{0};
   std::thread worker_;  // last: starts after every member it reads is initialised
 };
@@ -415,6 +424,11 @@ class HostRuntime {
     return true;
   }
 
+  /// QueryableRuntime: true when every operation enqueued on `stream` has run (always, for
+  /// an inline stream); never waits. False for an empty stream. The thread that enqueues
+  /// on `stream`; lock-free.
+  bool query(Stream& stream) noexcept { return stream.valid() && stream.state_->idle(); }
+
   /// Creates an event into `event` (replacing what it held). False only if memory for the
   /// event's state is not available. Allocates: call it at set-up or once per step, not
   /// per copy.
@@ -539,5 +553,6 @@ class HostRuntime {
 };
 
 static_assert(Runtime<HostRuntime>, "HostRuntime must model kvfuse::Runtime");
+static_assert(QueryableRuntime<HostRuntime>);
 
 }  // namespace kvfuse

@@ -37,4 +37,16 @@ concept Runtime = requires(R& rt, typename R::Stream& stream, typename R::Event&
   { rt.device_synchronize() } noexcept -> std::same_as<bool>;                 // the full-device fallback (R13)
 };
 
+/// Optional, on top of Runtime: ask whether a stream has run everything queued on it,
+/// without waiting (hipStreamQuery / cudaStreamQuery). True only when it has; false when it
+/// has not or cannot say. Never blocks, never throws; call it from the thread that
+/// enqueues on `stream`. PagedKv uses it to hand a tier's buffers back while a load is
+/// still arriving: a view whose copy provably ran is released at once, so the tier can
+/// reuse its memory (hot in cache) for the next chunk instead of holding every chunk of
+/// the load until the final synchronize.
+template <class R>
+concept QueryableRuntime = Runtime<R> && requires(R& rt, typename R::Stream& stream) {
+  { rt.query(stream) } noexcept -> std::same_as<bool>;
+};
+
 }  // namespace kvfuse

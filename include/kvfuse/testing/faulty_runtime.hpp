@@ -93,6 +93,13 @@ class FaultyRuntime {
   bool synchronize(Stream& stream) noexcept {
     return !trip(RuntimeCall::synchronize_stream) && inner_.synchronize(stream);
   }
+  /// Forwards QueryableRuntime when `R` models it (no fault is armed on it: a query that
+  /// answers false only keeps views longer).
+  bool query(Stream& stream) noexcept
+    requires QueryableRuntime<R>
+  {
+    return inner_.query(stream);
+  }
   bool create_event(Event& event) noexcept {
     return !trip(RuntimeCall::create_event) && inner_.create_event(event);
   }
@@ -145,5 +152,6 @@ class FaultyRuntime {
 };
 
 static_assert(Runtime<FaultyRuntime<HostRuntime>>, "FaultyRuntime<HostRuntime> must model kvfuse::Runtime");
+static_assert(QueryableRuntime<FaultyRuntime<HostRuntime>>);
 
 }  // namespace kvfuse

@@ -18,7 +18,8 @@
 // One round trip per load. get_batch (BatchedTier) writes every GET of a KV load in one
 // write and reads the replies in order; PagedKv uses it. A hit's view points into the
 // hiredis reply (after the header) and frees the reply when the view goes: no copy beyond
-// the one hiredis makes while parsing.
+// the one hiredis makes while parsing. With a QueryableRuntime PagedKv releases each view as
+// soon as its copy ran, so the next reply reuses that memory while it is still in cache.
 //
 // Never hangs, never throws on the hot path. Connect and command timeouts come from the
 // options; a call returns within about twice the command timeout. A dead, killed or

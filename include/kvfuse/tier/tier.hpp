@@ -125,7 +125,9 @@ struct BatchSink {
 ///   get_batch(first, hashes, out, sink): for each i < hashes.size(), out[i] becomes what
 ///     get(key, ...) would return for `first` with `hash = hashes[i]`: hit, miss, failed or
 ///     timed_out, chunk by chunk; sink(i, out[i]) may be called as each one lands (a tier
-///     that cannot stream its answers need not call it). Precondition: out.size() >=
+///     that cannot stream its answers need not call it). Once sink(i, out[i]) returns the
+///     tier never touches out[i] again, so the caller may release it there (PagedKv does,
+///     once its copy ran: the tier gets the buffer back mid-load). Precondition: out.size() >=
 ///     hashes.size(). A hit view owns its bytes (never a caller's staging buffer), so all
 ///     the views may be held at once. Thread-safe and noexcept like the rest of the concept.
 template <class T>

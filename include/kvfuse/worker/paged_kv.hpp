@@ -230,13 +230,16 @@ class PagedKv {
                                       });
   }
 
-  // Where the batched path stands: chunks [0, copied) have their copies queued; `stopped`
-  // once a chunk is not usable or its copy could not be queued (`why` says which).
+  // Where the batched path stands: chunks [0, copied) have their copies queued, and the
+  // views of [0, released) are already handed back; `stopped` once a chunk is not usable
+  // or its copy could not be queued (`why` says which).
   template <Runtime R>
   struct BatchProgress {
     const KvSpec* spec;
     LaneContext<R>* lane;
+    std::span<TierView> views;
     std::size_t copied = 0;
+    std::size_t released = 0;
     bool stopped = false;
     Reason why = Reason::none;
 
@@ -250,6 +253,18 @@ class PagedKv {
         stopped = true;
       } else {
         ++copied;
+        release_finished();
+      }
+    }
+
+    // A view goes back to its tier as soon as the runtime says every copy queued from it
+    // ran: the tier can then reuse that memory, still hot in cache, for the next answer,
+    // rather than hold a whole load's worth of cold buffers until the final synchronize.
+    // A runtime that cannot be asked keeps every view until then.
+    void release_finished() noexcept {
+      if constexpr (QueryableRuntime<R>) {
+        if (released == copied || !lane->runtime.query(lane->stream)) return;
+        for (; released < copied; ++released) views[released] = TierView{};
       }
     }
     static void on_arrived(void* self, std::size_t i, const TierView& view) noexcept {
@@ -265,7 +280,7 @@ class PagedKv {
     const RankGeometry& geo = lane.geometry;
     const std::size_t chunk_count = spec.chunk_keys.size();
     const std::span<TierView> views = lane.held_views.first(chunk_count);
-    BatchProgress<R> progress{&spec, &lane};
+    BatchProgress<R> progress{&spec, &lane, views};
     tier_->get_batch(key_for(geo, PrefixHash{}), spec.chunk_keys, views, BatchSink{&BatchProgress<R>::on_arrived, &progress});
     while (!progress.stopped && progress.copied < chunk_count) progress.arrived(progress.copied, views[progress.copied]);
     // Every view must outlive the copies queued from it; a stream that cannot say whether
