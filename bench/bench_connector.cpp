@@ -19,15 +19,18 @@
 //       1..64 chunks of 256 KiB against a state entry of the same size, both fetched at one
 //       rate (100 us of tier latency per 256 KiB), plus the copies. joint_ms (K3, concurrent
 //       lanes) and serial_ms (the state leg after KV) per size. No target.
-//   BM_DenseVsHandWritten/inline:1/chunks:64/one_cpu:1
+//   BM_DenseVsHandWritten/inline:1/chunks:64/placement:1
 //       dense connector / hand-written chunked load of the same 64 x 1 MiB, target <= 1.02
-//       (zero cost). Other rows: 16 chunks, OS thread placement, threaded streams (with the
+//       (zero cost). Other rows: 16 chunks, OS thread placement (placement:0), lanes apart
+//       (placement:2, target <= 1.05: issue 12's 64 MiB case), threaded streams (with the
 //       cost of syncing per chunk rather than once, hand_over_one_sync).
-//   BM_DenseVsSameShape/chunks:<1|4|16|64>/one_cpu:0
+//   BM_DenseVsSameShape/chunks:<1|4|16|64>/placement:<0|2>
 //       dense connector / a hand-written load of the connector's shape (the same copies, run
 //       as a task on a kvfuse::Lane, reporting one record through the same BellGroup
-//       emitter), target <= 1.01 under OS placement (issue 12). one_cpu:1 (1 chunk): the
-//       same with every thread on one CPU, which takes placement out of the comparison.
+//       emitter), target <= 1.01 (issue 12). A fourth side, the control, is a second
+//       same-shape load on a lane of its own: control_over_same is what placement alone does
+//       to two identical loads (the A/A spread). placement:1 (1 chunk): every thread on one
+//       CPU, which takes placement out of the comparison.
 //   BM_FixedCost/one_cpu:<0|1>
 //       load() to the record drained for one 4 KiB chunk, split into parts by benchmark-only
 //       wrappers (StampTier, StampRuntime, StampGroup: nothing in include/ is timed): target
@@ -40,11 +43,15 @@
 // load's record from the group, one load at a time (manual time). The scheduler thread
 // sleeps while the load runs (BellGroup below), so it takes no CPU from the lanes.
 //
-// one_cpu:1 pins the scheduler thread and every thread the rig starts (lanes, stream threads)
-// to the CPU the scheduler thread is on, so the connector's copies and the hand-written (or
-// memcpy) copies run on the same core and the ratio compares the same work. one_cpu:0
-// leaves placement to the OS; on a small VM shared with other work that adds the wake-up
-// of another virtual CPU, and whatever else runs there, to every hand-off.
+// one_cpu:1 (placement:1) pins the scheduler thread and every thread the rig starts (lanes,
+// stream threads) to the CPU the scheduler thread is on, so the connector's copies and the
+// hand-written (or memcpy) copies run on the same core and the ratio compares the same work.
+// one_cpu:0 (placement:0) leaves placement to the OS; on a small VM shared with other work
+// that adds the wake-up of another virtual CPU, and whatever else runs there, to every
+// hand-off, and which lane gets the cheap wake-up differs from run to run. placement:2
+// (apart) pins the scheduler thread to CPU 0 and every lane to the last CPU with the
+// library's own option, ConnectorOptions::lane_cpus (the bench's own lanes get the same
+// CPUs): every hand-off crosses CPUs, the same way for every side.
 //
 // Run: kvfuse_bench_connector --benchmark_min_time=0.3   (about 20 s on 2 cores)
 #include <benchmark/benchmark.h>
@@ -190,6 +197,46 @@ class OneCpu {
  private:
   cpu_set_t saved_{};
   bool pinned_ = false;
+};
+
+/// Where the threads of a row run. `os`: wherever the OS puts them. `one_cpu`: every thread
+/// on the calling thread's CPU (OneCpu). `apart`: the calling (scheduler) thread pinned to
+/// CPU 0 and every lane to the last CPU, through the library's own placement option
+/// (ConnectorOptions::lane_cpus, and the same CPUs for a bench-made Lane): each hand-off then
+/// crosses to a CPU of the lanes' own, the same way on every load.
+enum class Placement : std::int64_t { os = 0, one_cpu = 1, apart = 2 };
+
+/// Applies a Placement for its lifetime (the calling thread's mask is restored after).
+/// ok() is false when it could not be applied (apart needs two CPUs).
+class Placed {
+ public:
+  explicit Placed(std::int64_t arg) : mode_(static_cast<Placement>(arg)), one_(mode_ == Placement::one_cpu) {
+    if (mode_ != Placement::apart) return;
+    const unsigned n = std::thread::hardware_concurrency();
+    if (n < 2 || pthread_getaffinity_np(pthread_self(), sizeof saved_, &saved_) != 0) return;
+    cpu_set_t zero;
+    CPU_ZERO(&zero);
+    CPU_SET(0, &zero);
+    restore_ = pthread_setaffinity_np(pthread_self(), sizeof zero, &zero) == 0;
+    if (restore_) lane_cpus_ = {n - 1};
+  }
+  ~Placed() {
+    if (restore_) (void)pthread_setaffinity_np(pthread_self(), sizeof saved_, &saved_);
+  }
+  Placed(const Placed&) = delete;
+  Placed& operator=(const Placed&) = delete;
+  [[nodiscard]] bool ok() const noexcept {
+    return mode_ == Placement::os || (mode_ == Placement::one_cpu ? one_.pinned() : restore_);
+  }
+  /// The CPUs lanes get (empty unless apart).
+  [[nodiscard]] const std::vector<unsigned>& lane_cpus() const noexcept { return lane_cpus_; }
+
+ private:
+  Placement mode_;
+  OneCpu one_;
+  cpu_set_t saved_{};
+  bool restore_ = false;
+  std::vector<unsigned> lane_cpus_;
 };
 
 /// Pins every thread of this process whose OS name is `name` (a lane names its thread) to
@@ -611,8 +658,13 @@ bool hand_written_load_one_sync(HostTier& tier, HostRuntime& rt, HostRuntime::St
 void BM_DenseVsHandWritten(benchmark::State& state) {
   const bool inline_streams = state.range(0) != 0;
   const auto chunks = static_cast<std::uint32_t>(state.range(1));
-  const OneCpu pin(state.range(2) != 0);  // before the rig: its threads inherit the pin
-  DenseRig rig(inline_streams, 4096, chunks, 4);  // 1 MiB chunks, 64 KiB blocks in runs of 4
+  const Placed place(state.range(2));  // before the rig: its threads inherit the pin
+  if (!place.ok()) {
+    state.SkipWithError("this placement cannot be set up here (apart needs two CPUs)");
+    return;
+  }
+  // 1 MiB chunks, 64 KiB blocks in runs of 4.
+  DenseRig rig(inline_streams, 4096, chunks, 4, ConnectorOptions{.lane_cpus = place.lane_cpus()});
   HostRuntime::Stream stream = rig.rt.make_stream();
   const KvSpec& spec = *rig.request.kv;
 
@@ -657,7 +709,6 @@ void BM_DenseVsHandWritten(benchmark::State& state) {
   if (!ok) state.SkipWithError("a load failed");
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
                           static_cast<std::int64_t>(chunks * rig.geo.chunk_bytes()));
-  state.counters["pinned"] = pin.pinned() ? 1 : 0;
   state.counters["hand_ms"] = 1e3 * hand.median();
   state.counters["conn_ms"] = 1e3 * conn.median();
   state.counters["overhead_us"] = 1e6 * (conn.median() - hand.median());
@@ -665,10 +716,11 @@ void BM_DenseVsHandWritten(benchmark::State& state) {
   state.counters["hand_over_one_sync"] = hand.median() / one_sync.median();
 }
 BENCHMARK(BM_DenseVsHandWritten)
-    ->ArgNames({"inline", "chunks", "one_cpu"})
+    ->ArgNames({"inline", "chunks", "placement"})
     ->Args({1, 64, 1})
     ->Args({1, 16, 1})
     ->Args({1, 64, 0})
+    ->Args({1, 64, 2})
     ->Args({0, 64, 0})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
@@ -709,20 +761,34 @@ double timed_same_shape(Lane& lane, const SameShapeLoad& load, BellGroup& group,
 
 void BM_DenseVsSameShape(benchmark::State& state) {
   const auto chunks = static_cast<std::uint32_t>(state.range(0));
-  const OneCpu pin(state.range(1) != 0);  // before the rig and the lane: their threads inherit it
+  const Placed place(state.range(1));  // before the rig and the lanes: their threads inherit it
+  if (!place.ok()) {
+    state.SkipWithError("this placement cannot be set up here (apart needs two CPUs)");
+    return;
+  }
   // spin_us: ConnectorOptions::lane_spin, and the same spin on the same-shape side's lane
   // (like for like). poll_us: both scheduler sides poll their bell that long before sleeping.
   const std::chrono::nanoseconds spin = std::chrono::microseconds(state.range(2));
   const std::chrono::nanoseconds poll = std::chrono::microseconds(state.range(3));
-  DenseRig rig(true, 4096, chunks, 4, ConnectorOptions{.lane_spin = spin});  // inline streams: copies on the lane
+  // Inline streams: the copies run on the lane.
+  DenseRig rig(true, 4096, chunks, 4, ConnectorOptions{.lane_spin = spin, .lane_cpus = place.lane_cpus()});
   rig.group.set_poll(poll);
   HostRuntime::Stream hand_stream = rig.rt.make_stream();
   HostRuntime::Stream lane_stream = rig.rt.make_stream();
   BellGroup hand_group(SingleRankOptions{1, 4096, {}});
   hand_group.set_poll(poll);
   BellGroup::Emitter emitter = hand_group.emitter(0, 0);
-  Lane lane("kvfuse.hand", ConnectorOptions{}.lane_capacity, spin);
+  Lane lane("kvfuse.hand", ConnectorOptions{}.lane_capacity, spin, place.lane_cpus());
   const SameShapeLoad same{&rig.tier, &rig.rt, &lane_stream, &rig.geo, rig.blocks.data(), &emitter};
+  // The A/A control: a second same-shape load, identical code on a lane of its own. Its
+  // ratio to the first is what placement alone does to two equal loads in this run; a
+  // target tighter than that spread cannot be judged under this placement.
+  HostRuntime::Stream control_stream = rig.rt.make_stream();
+  BellGroup control_group(SingleRankOptions{1, 4096, {}});
+  control_group.set_poll(poll);
+  BellGroup::Emitter control_emitter = control_group.emitter(0, 0);
+  Lane control_lane("kvfuse.control", ConnectorOptions{}.lane_capacity, spin, place.lane_cpus());
+  const SameShapeLoad control{&rig.tier, &rig.rt, &control_stream, &rig.geo, rig.blocks.data(), &control_emitter};
   const KvSpec& spec = *rig.request.kv;
 
   CompletionRecord rec;
@@ -736,56 +802,58 @@ void BM_DenseVsSameShape(benchmark::State& state) {
     return;
   }
 
-  Samples conn(state.max_iterations), shape(state.max_iterations), hand(state.max_iterations);
+  Samples conn(state.max_iterations), shape(state.max_iterations), hand(state.max_iterations),
+      aa(state.max_iterations);
   bool ok = true;
-  std::uint64_t i = 0;
   const CpuMeter meter;
-  // The six orders of the three sides, in turn, so each side follows each other side equally
-  // often. (A rotation 0,1,2 / 1,2,0 / 2,0,1 keeps one cyclic order: the connector would
-  // always follow the calling-thread load and the same-shape load always the connector,
-  // whose lane may still be running or spinning, keeping the other vCPU awake.)
-  static constexpr int orders[6][3] = {{0, 1, 2}, {1, 2, 0}, {2, 0, 1}, {0, 2, 1}, {2, 1, 0}, {1, 0, 2}};
+  // Every order of the four sides (connector, same-shape, calling thread, control), in turn,
+  // so each side follows each other side equally often. (A rotation keeps one cyclic order:
+  // one side would always follow the same other side, whose lane may still be running or
+  // spinning, keeping the other vCPU awake.)
+  std::array<int, 4> order{0, 1, 2, 3};
   for (auto _ : state) {
     double c = 0;
-    for (std::uint64_t k = 0; k < 3; ++k) {
-      switch (orders[i % 6][k]) {
-        case 0: {
-          LoadRequest copy = rig.request;
+    for (const int side : order) {
+      LoadRequest copy = rig.request;
+      switch (side) {
+        case 0:
           c = timed_load(rig.conn, rig.group, std::move(copy), rec);
-          ok = ok && kv_ok(rec);
           conn.add(c);
           break;
-        }
-        case 1: {
-          LoadRequest copy = rig.request;
-          shape.add(timed_same_shape(lane, same, hand_group, std::move(copy), rec));
-          ok = ok && kv_ok(rec);
-          break;
-        }
+        case 1: shape.add(timed_same_shape(lane, same, hand_group, std::move(copy), rec)); break;
+        case 3: aa.add(timed_same_shape(control_lane, control, control_group, std::move(copy), rec)); break;
         default: {
           const auto t0 = Clock::now();
-          ok = hand_written_load(rig.tier, rig.rt, hand_stream, rig.geo, spec, rig.blocks.data()) && ok;
+          const bool hand_ok = hand_written_load(rig.tier, rig.rt, hand_stream, rig.geo, spec, rig.blocks.data());
           hand.add(seconds_since(t0));
+          rec.kv = hand_ok ? KvOutcome::ok : KvOutcome::failed;
         }
       }
+      ok = ok && kv_ok(rec);
     }
-    ++i;
+    std::next_permutation(order.begin(), order.end());
     state.SetIterationTime(c);
   }
-  meter.report(state);  // all three sides together
+  meter.report(state);  // all four sides together
   if (!ok) state.SkipWithError("a load failed");
   state.counters["conn_us"] = 1e6 * conn.median();
   state.counters["same_us"] = 1e6 * shape.median();
   state.counters["hand_us"] = 1e6 * hand.median();
+  state.counters["control_us"] = 1e6 * aa.median();
   state.counters["conn_over_same"] = conn.median() / shape.median();
+  state.counters["control_over_same"] = aa.median() / shape.median();
   state.counters["same_over_hand"] = shape.median() / hand.median();
 }
 BENCHMARK(BM_DenseVsSameShape)
-    ->ArgNames({"chunks", "one_cpu", "spin_us", "poll_us"})
+    ->ArgNames({"chunks", "placement", "spin_us", "poll_us"})
     ->Args({1, 0, 0, 0})
     ->Args({4, 0, 0, 0})
     ->Args({16, 0, 0, 0})
     ->Args({64, 0, 0, 0})
+    ->Args({1, 2, 0, 0})
+    ->Args({4, 2, 0, 0})
+    ->Args({16, 2, 0, 0})
+    ->Args({64, 2, 0, 0})
     ->Args({1, 1, 0, 0})
     ->Args({1, 0, 50, 0})
     ->Args({4, 0, 50, 0})
@@ -1114,16 +1182,18 @@ int main(int argc, char** argv) {
   line("joint / max(kv, state), two 16 MiB memcpy legs, OS placement", r.get(bw + "apart:0/", "joint_over_max"));
   line("joint / max(kv, state), two 16 MiB memcpy legs, lanes on 2 CPUs", r.get(bw + "apart:1/", "joint_over_max"));
   line("serialized / max(kv, state), same memcpy legs", r.get(bw + "apart:0/", "serial_over_max"));
-  const double z = r.get(dense + "inline:1/chunks:64/one_cpu:1/", "conn_over_hand");
+  const double z = r.get(dense + "inline:1/chunks:64/placement:1/", "conn_over_hand");
   line("dense connector / hand-written, 64 x 1 MiB, inline, one CPU", z, "<= 1.02", z <= 1.02);
   line("dense connector / hand-written, 16 x 1 MiB, inline, one CPU",
        r.get(dense + "inline:1/chunks:16/", "conn_over_hand"));
   line("dense connector / hand-written, 64 x 1 MiB, inline, OS placement",
-       r.get(dense + "inline:1/chunks:64/one_cpu:0/", "conn_over_hand"));
+       r.get(dense + "inline:1/chunks:64/placement:0/", "conn_over_hand"));
+  const double apart = r.get(dense + "inline:1/chunks:64/placement:2/", "conn_over_hand");
+  line("dense connector / hand-written, 64 x 1 MiB, inline, lanes apart", apart, "<= 1.05", apart <= 1.05);
   line("dense connector / hand-written, 64 x 1 MiB, threaded, OS placement",
-       r.get(dense + "inline:0/chunks:64/one_cpu:0/", "conn_over_hand"));
+       r.get(dense + "inline:0/chunks:64/placement:0/", "conn_over_hand"));
   line("hand-written sync per chunk / sync once, threaded, OS placement",
-       r.get(dense + "inline:0/chunks:64/one_cpu:0/", "hand_over_one_sync"));
+       r.get(dense + "inline:0/chunks:64/placement:0/", "hand_over_one_sync"));
   const double b = r.get(hit + "inline:1/one_cpu:1/", "load_over_memcpy");
   line("load-path / memcpy bytes/s, 64 MiB hit, inline stream, one CPU", b, ">= 0.90", b >= 0.90);
   line("load-path / memcpy bytes/s, 64 MiB hit, threaded stream, one CPU",

@@ -294,23 +294,32 @@ def report(r: Results, out_dir: str, trace: str) -> int:
         both = f"{j:.2f} vs {sl:.2f} ms" if j is not None and sl is not None else "n/a"
         t.row(f"  legs of {size:>7}: concurrent / state after KV ({both})", ratio(j, sl), "x")
     t.row("dense connector / hand-written load, 64 x 1 MiB, one CPU",
-          m(conn, f"{dense}/inline:1/chunks:64/one_cpu:1/manual_time", "conn_over_hand"), "x", "<=", 1.02)
+          m(conn, f"{dense}/inline:1/chunks:64/placement:1/manual_time", "conn_over_hand"), "x", "<=", 1.02)
     t.row("dense connector / hand-written load, 16 x 1 MiB, one CPU",
-          m(conn, f"{dense}/inline:1/chunks:16/one_cpu:1/manual_time", "conn_over_hand"), "x")
+          m(conn, f"{dense}/inline:1/chunks:16/placement:1/manual_time", "conn_over_hand"), "x")
     t.row("  the same, connector minus hand-written (two thread hand-offs)",
-          m(conn, f"{dense}/inline:1/chunks:16/one_cpu:1/manual_time", "overhead_us"), "us")
-    t.row("dense connector / hand-written load, 64 x 1 MiB, OS placement",
-          m(conn, f"{dense}/inline:1/chunks:64/one_cpu:0/manual_time", "conn_over_hand"), "x")
+          m(conn, f"{dense}/inline:1/chunks:16/placement:1/manual_time", "overhead_us"), "us")
+    t.row("dense connector / calling-thread hand-written load, 64 x 1 MiB, OS placement",
+          m(conn, f"{dense}/inline:1/chunks:64/placement:0/manual_time", "conn_over_hand"), "x")
+    t.row("dense connector / calling-thread hand-written load, 64 x 1 MiB, lanes apart (lane_cpus)",
+          m(conn, f"{dense}/inline:1/chunks:64/placement:2/manual_time", "conn_over_hand"), "x", "<=", 1.05)
     t.row("hand-written, sync per chunk / sync once, threaded stream",
-          m(conn, f"{dense}/inline:0/chunks:64/one_cpu:0/manual_time", "hand_over_one_sync"), "x")
+          m(conn, f"{dense}/inline:0/chunks:64/placement:0/manual_time", "hand_over_one_sync"), "x")
     same = "BM_DenseVsSameShape"
 
-    def same_name(chunks: int, one_cpu: int = 0, spin: int = 0, poll: int = 0) -> str:
-        return f"{same}/chunks:{chunks}/one_cpu:{one_cpu}/spin_us:{spin}/poll_us:{poll}/manual_time"
+    def same_name(chunks: int, placement: int = 0, spin: int = 0, poll: int = 0) -> str:
+        return f"{same}/chunks:{chunks}/placement:{placement}/spin_us:{spin}/poll_us:{poll}/manual_time"
 
+    for chunks in (1, 4, 16, 64):
+        t.row(f"dense connector / same-shape hand-written load, {chunks} x 1 MiB, lanes apart (lane_cpus)",
+              m(conn, same_name(chunks, 2), "conn_over_same"), "x", "<=", 1.01)
+        t.row("  A/A control in the same run: a second same-shape load / the first",
+              m(conn, same_name(chunks, 2), "control_over_same"), "x")
     for chunks in (1, 4, 16, 64):
         t.row(f"dense connector / same-shape hand-written load, {chunks} x 1 MiB, OS placement",
               m(conn, same_name(chunks), "conn_over_same"), "x", "<=", 1.01)
+        t.row("  A/A control in the same run: a second same-shape load / the first",
+              m(conn, same_name(chunks), "control_over_same"), "x")
     t.row("  the same, 1 x 1 MiB, one CPU (placement taken out)", m(conn, same_name(1, 1), "conn_over_same"), "x")
     t.row("  same-shape load / calling-thread load, 1 x 1 MiB, OS placement (the hand-off's price)",
           m(conn, same_name(1), "same_over_hand"), "x")

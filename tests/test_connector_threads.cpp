@@ -6,6 +6,9 @@
 
 #include <kvfuse/testing/alloc_counter.hpp>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -578,6 +581,51 @@ TEST_CASE("connector: a negative lane_spin is refused naming the option and clai
   }
   CHECK(ConnectorOptions{}.lane_spin == std::chrono::nanoseconds{0});  // off by default
   CHECK_NOTHROW(Dense(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group));  // lanes still free
+}
+
+TEST_CASE("connector: lane_cpus place every lane on them and a CPU the machine lacks is refused before any claim") {
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+  try {
+    ScriptedConnector conn(pools.geo, rt, pools.memory(), ScriptedKv{}, ScriptedState{}, group,
+                           ConnectorOptions{.lane_cpus = {0, 9999}});
+    FAIL("a CPU the machine does not have must be refused");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    const std::string what = e.what();
+    CHECK(what.find("ConnectorOptions::lane_cpus") != std::string::npos);
+    CHECK(what.find("CPU 9999") != std::string::npos);
+  }
+  CHECK(ConnectorOptions{}.lane_cpus.empty());  // OS placement by default
+
+  const unsigned last = std::thread::hardware_concurrency() > 0 ? std::thread::hardware_concurrency() - 1 : 0;
+  // 1: this thread may run on `last` only; 0: anywhere else too.
+  auto confined = [last]() -> int {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (pthread_getaffinity_np(pthread_self(), sizeof set, &set) != 0) return -2;
+    return CPU_COUNT(&set) == 1 && CPU_ISSET(last, &set) ? 1 : 0;
+  };
+  std::atomic<int> kv_cpu{-1}, state_cpu{-1};
+  ScriptedKv kv;
+  kv.on_load = [&] {
+    kv_cpu = confined();
+    return KvVerdict{true, Reason::none};
+  };
+  ScriptedState state;
+  state.on_load = [&] {
+    state_cpu = confined();
+    return StateVerdict{StateOutcome::restored, Reason::none};
+  };
+  RecordLog log;
+  ScriptedConnector conn(pools.geo, rt, pools.memory(), std::move(kv), std::move(state), group,
+                         ConnectorOptions{.lane_cpus = {last}});  // the lanes were still free
+  conn.load(joint_request(1));
+  REQUIRE(drain_until(group, log, [&] { return log.loads.size() == 1; }));
+  CHECK(log.loads[0].kv == KvOutcome::ok);
+  CHECK(kv_cpu.load() == 1);     // the load lane
+  CHECK(state_cpu.load() == 1);  // the concurrent state lane
 }
 
 TEST_CASE("connector: with lane_spin on every load reports once and saves still report and drain and stop") {

@@ -6,6 +6,9 @@
 #include <kvfuse/testing/alloc_counter.hpp>
 #include <kvfuse/worker/lane.hpp>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -55,6 +58,35 @@ TEST_CASE("lane: a negative spin is refused with an Error naming the lane and th
   }
   Lane lane("kvfuse-load", 8);  // the default never spins
   CHECK(lane.spin() == std::chrono::nanoseconds{0});
+}
+
+TEST_CASE("lane: cpus confine the lane's thread to them - a CPU the machine lacks is refused naming it") {
+  const unsigned last = std::thread::hardware_concurrency() > 0 ? std::thread::hardware_concurrency() - 1 : 0;
+  const unsigned cpus[] = {last};
+  Lane lane("placed", 8, std::chrono::nanoseconds{0}, cpus);
+  std::atomic<int> ran_on{-1};
+  std::atomic<int> allowed{-1};
+  lane.submit([&]() noexcept {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (pthread_getaffinity_np(pthread_self(), sizeof set, &set) == 0)
+      allowed = CPU_COUNT(&set) == 1 && CPU_ISSET(last, &set) ? 1 : 0;
+    ran_on = sched_getcpu();
+  });
+  lane.wait_idle();
+  CHECK(allowed.load() == 1);
+  CHECK(ran_on.load() == static_cast<int>(last));
+
+  const unsigned absent[] = {0, 4000};
+  try {
+    Lane bad("nowhere", 8, std::chrono::nanoseconds{0}, absent);
+    FAIL("a CPU the machine does not have must be refused");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    const std::string what = e.what();
+    CHECK(what.find("nowhere") != std::string::npos);
+    CHECK(what.find("CPU 4000") != std::string::npos);
+  }
 }
 
 TEST_CASE("lane: with spin on every task from several submitters runs once and in each submitter's order") {

@@ -51,6 +51,16 @@ struct ConnectorOptions {
   /// the spin (an engine issuing many small loads per step) and a core can be spared;
   /// leave it 0 on a small or shared machine, and when loads are rare.
   std::chrono::nanoseconds lane_spin{0};
+  /// The CPUs every lane of the connector (load, state, save) may run on; empty, the
+  /// default, leaves placement to the OS. Each value must be a CPU this machine has.
+  ///
+  /// Why: under OS placement a lane woken by the engine's scheduler thread lands on
+  /// whichever CPU the kernel picks, and on a small VM that choice (the scheduler's CPU or
+  /// a halted vCPU) changes a one-chunk load's cost by 2-3x and sticks for the run
+  /// (bench/README.md, issue 12). Lanes on CPUs of their own, apart from the scheduler
+  /// thread, pay the same hand-off on every load, and their copies never compete with the
+  /// scheduler for a core. Give the lanes CPUs the engine's own threads do not use.
+  std::vector<unsigned> lane_cpus{};
 };
 
 /// Counters of one connector. Read from any thread (relaxed atomics): a snapshot, not a fence.
@@ -118,9 +128,9 @@ class Connector {
         held_views_(geometry_.max_chunks_per_load),
         fence_(runtime),
         streams_(make_streams(runtime)),
-        load_lane_("kvfuse-load", options.lane_capacity, options.lane_spin),
-        save_lane_("kvfuse-save", options.lane_capacity),
-        state_lane_("kvfuse-state", options.lane_capacity, options.lane_spin) {}
+        load_lane_("kvfuse-load", options.lane_capacity, options.lane_spin, options.lane_cpus),
+        save_lane_("kvfuse-save", options.lane_capacity, std::chrono::nanoseconds{0}, options.lane_cpus),
+        state_lane_("kvfuse-state", options.lane_capacity, options.lane_spin, options.lane_cpus) {}
 
   /// Same, claiming this rank's lane emitters from `group` (lanes 0 .. lane_count-1 of
   /// rank geometry.rank). Throws kvfuse::Error(invalid_argument) naming both values if
@@ -216,6 +226,7 @@ class Connector {
     if (options.lane_spin < std::chrono::nanoseconds{0})
       throw Error(ErrorCode::invalid_argument, "ConnectorOptions::lane_spin must be >= 0 ns, got " +
                                                    std::to_string(options.lane_spin.count()) + " ns");
+    detail::check_cpus(options.lane_cpus, "ConnectorOptions::lane_cpus");
     if (memory.kv_blocks == nullptr) throw Error(ErrorCode::invalid_argument, "DeviceMemory::kv_blocks is null");
     if (has_state && geometry.num_slots == 0)
       throw Error(ErrorCode::invalid_argument, "num_slots must be > 0 for a stateful connector, got 0");

@@ -23,7 +23,18 @@
 // `spin` after every burst of tasks, whether or not more work comes. No lock is held while
 // spinning (the submitters never wait for the spinner), and the loop yields its CPU
 // regularly. With spin 0 the lane behaves exactly as it did without the option.
+//
+// Placement (opt-in; off by default). A lane may be given the CPUs its thread may run on.
+// Left to the OS, a lane woken by the scheduler thread lands wherever the kernel's wake-up
+// heuristics put it: on a small VM that is sometimes the CPU the scheduler is about to
+// leave and sometimes a halted vCPU that takes 15-25 us to wake, and the choice sticks
+// for the life of the thread (bench/README.md, issue 12). Pinning the lanes to CPUs of
+// their own makes every hand-off the same kind: an engine that keeps its scheduler thread
+// on other CPUs gets the same cost on every load.
 #pragma once
+
+#include <sched.h>
+#include <unistd.h>
 
 #include <pthread.h>
 
@@ -35,6 +46,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -98,6 +110,23 @@ class TaskSlot {
 
 }  // namespace detail
 
+namespace detail {
+
+/// Checks a CPU list for a lane's placement: every CPU below CPU_SETSIZE and below the
+/// number of CPUs this machine has configured. `what` names the option in the message.
+/// Throws Error(invalid_argument) naming the first bad CPU. Construction time; any thread.
+inline void check_cpus(std::span<const unsigned> cpus, std::string_view what) {
+  const long configured = ::sysconf(_SC_NPROCESSORS_CONF);
+  for (const unsigned cpu : cpus) {
+    if (cpu >= CPU_SETSIZE || (configured > 0 && cpu >= static_cast<unsigned long>(configured)))
+      throw Error(ErrorCode::invalid_argument, std::string(what) + " holds CPU " + std::to_string(cpu) +
+                                                   ", but this machine has " + std::to_string(configured) + " CPUs (0.." +
+                                                   std::to_string(configured - 1) + ")");
+  }
+}
+
+}  // namespace detail
+
 /// A single-thread executor with a bounded FIFO of inline tasks (see the file comment).
 /// `TaskBytes` is the inline capacity of one task. Not copyable or movable (tasks and the
 /// thread point into it). Thread-safety: submit, try_submit, wait_idle and the counters
@@ -115,10 +144,13 @@ class BasicLane {
   /// queued or running at once. `spin`: how long the lane polls for new work after it ran
   /// a task before it sleeps on its condition variable (see the file comment: it trades up
   /// to `spin` of one CPU after every burst of tasks for a wake-up without a futex); 0, the
-  /// default, never spins.
-  /// Throws Error(invalid_argument) for capacity 0 or a negative spin, Error(device_failure)
+  /// default, never spins. `cpus`: the CPUs the lane's thread may run on (see the file
+  /// comment); empty, the default, leaves placement to the OS.
+  /// Throws Error(invalid_argument) for capacity 0, a negative spin, a CPU this machine
+  /// does not have or a set the thread may not run on (both named), Error(device_failure)
   /// if the thread cannot start.
-  BasicLane(std::string_view name, std::size_t capacity, std::chrono::nanoseconds spin = std::chrono::nanoseconds{0})
+  BasicLane(std::string_view name, std::size_t capacity, std::chrono::nanoseconds spin = std::chrono::nanoseconds{0},
+            std::span<const unsigned> cpus = {})
       : name_(name), capacity_(capacity), spin_(spin) {
     if (capacity == 0) {
       throw Error(ErrorCode::invalid_argument, "Lane '" + name_ + "': capacity must be > 0, got 0");
@@ -127,6 +159,7 @@ class BasicLane {
       throw Error(ErrorCode::invalid_argument,
                   "Lane '" + name_ + "': spin must be >= 0 ns, got " + std::to_string(spin.count()) + " ns");
     }
+    detail::check_cpus(cpus, "Lane '" + name_ + "': cpus");
     slots_ = std::make_unique<detail::TaskSlot<TaskBytes>[]>(capacity);
     try {
       worker_ = std::thread([this] { run(); });
@@ -135,20 +168,14 @@ class BasicLane {
     }
     const std::string os_name = name_.substr(0, 15);
     (void)pthread_setname_np(worker_.native_handle(), os_name.c_str());
+    if (!cpus.empty()) place(cpus);
   }
   BasicLane(const BasicLane&) = delete;
   BasicLane& operator=(const BasicLane&) = delete;
 
   /// Runs every task already queued (and any those tasks queue on this lane), then joins
   /// the thread. Must not run concurrently with submits from other threads.
-  ~BasicLane() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_.store(true, std::memory_order_relaxed);
-    }
-    has_work_.notify_one();
-    worker_.join();
-  }
+  ~BasicLane() { stop(); }
 
   /// Queues `task` (a callable taking no arguments; its result is ignored). Never drops
   /// and never allocates: if the ring is full the caller blocks until a slot frees and
@@ -232,6 +259,32 @@ class BasicLane {
     slots_[tail_ % capacity_].emplace(std::forward<F>(task));
     ++tail_;
     submitted_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  void stop() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_.store(true, std::memory_order_relaxed);
+    }
+    has_work_.notify_one();
+    worker_.join();
+  }
+
+  // Restricts the (idle, just started) thread to `cpus`; on failure stops it and throws.
+  void place(std::span<const unsigned> cpus) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    std::string list;
+    for (const unsigned cpu : cpus) {
+      CPU_SET(cpu, &set);
+      if (!list.empty()) list.push_back(',');
+      list.append(std::to_string(cpu));
+    }
+    const int rc = pthread_setaffinity_np(worker_.native_handle(), sizeof set, &set);
+    if (rc == 0) return;
+    stop();
+    throw Error(ErrorCode::invalid_argument, "Lane '" + name_ + "': cannot run on CPUs {" + list + "}: error " +
+                                                 std::to_string(rc) + " (none of them is allowed to this process?)");
   }
 
   void run() noexcept {
