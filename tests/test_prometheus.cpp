@@ -368,6 +368,10 @@ DiskTierStats disk_tier_stats() {
   return s;
 }
 
+RedisTierStats redis_tier_stats() {
+  return RedisTierStats{13001, 13002, 13003, 13004, 13005, 13006, 13007, 13008, 13009, 13010, 13011};
+}
+
 LoopbackPd::Stats loopback_pd_stats() { return LoopbackPd::Stats{11001, 11002, 11003, 11004}; }
 TieredTierStats tiered_tier_stats() { return TieredTierStats{12001, 12002, 12003, 12004, 12005, 12006, 12007, 12008}; }
 
@@ -490,6 +494,18 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_tier_put_failures_total", "disk", true, uint64_t{10008}},
       {"kvfuse_tier_io_errors_total", "disk", true, uint64_t{10009}},
 
+      {"kvfuse_tier_hits_total", "redis", true, uint64_t{13001}},
+      {"kvfuse_tier_misses_total", "redis", true, uint64_t{13002}},
+      {"kvfuse_tier_rejected_total", "redis", true, uint64_t{13003}},
+      {"kvfuse_tier_get_failures_total", "redis", true, uint64_t{13004}},
+      {"kvfuse_tier_timeouts_total", "redis", true, uint64_t{13005}},
+      {"kvfuse_tier_puts_total", "redis", true, uint64_t{13006}},
+      {"kvfuse_tier_put_failures_total", "redis", true, uint64_t{13007}},
+      {"kvfuse_tier_round_trips_total", "redis", true, uint64_t{13008}},
+      {"kvfuse_tier_connects_total", "redis", true, uint64_t{13009}},
+      {"kvfuse_tier_connect_failures_total", "redis", true, uint64_t{13010}},
+      {"kvfuse_tier_dropped_connections_total", "redis", true, uint64_t{13011}},
+
       {"kvfuse_loopback_pd_offered_total", "", false, uint64_t{11001}},
       {"kvfuse_loopback_pd_cancelled_total", "", false, uint64_t{11002}},
       {"kvfuse_loopback_pd_transfers_total", "", false, uint64_t{11003}},
@@ -518,6 +534,7 @@ PrometheusText full_exposition() {
   text.add(save_fence_stats(), {{"rank", "3"}});
   text.add(memory_tier_stats(), {{"rank", "3"}});
   text.add(disk_tier_stats(), {{"rank", "3"}});
+  text.add(redis_tier_stats(), {{"rank", "3"}});
   text.add(tiered_tier_stats(), {{"rank", "3"}});
   text.add(loopback_pd_stats());
   return text;
@@ -534,7 +551,7 @@ TEST_CASE("prometheus: every field of every stats struct comes back exactly unde
   const std::vector<Expected> expected = expected_samples();
   std::set<std::string> expected_families;
   for (const Expected& e : expected) expected_families.insert(e.family);
-  CHECK(expected_families.size() == 109);
+  CHECK(expected_families.size() == 115);
   CHECK(parsed.families.size() == expected_families.size());
   CHECK(text.family_count() == expected_families.size());
   CHECK(text.sample_count() == expected.size());

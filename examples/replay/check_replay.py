@@ -47,6 +47,7 @@ def run(replay, args, expect_rc=0):
             text = f.read()
     if "# TYPE kvfuse_" not in text:
         fail("--metrics-out wrote no kvfuse_ metric families")
+    report["metrics_text"] = text
     return report
 
 
@@ -177,6 +178,11 @@ def redis(replay):
             for name, m in report["models"].items():
                 if m["reused_tokens"]["tier"] == 0:
                     fail(f"{name}: nothing came back from redis")
+            # The remote tier's own counters reach the exposition, per rank and model.
+            trips = [line for line in report["metrics_text"].splitlines()
+                     if line.startswith("kvfuse_tier_round_trips_total{") and 'tier="redis"' in line]
+            if len(trips) < 4 or not any(float(line.rsplit(" ", 1)[1]) > 0 for line in trips):
+                fail(f"--metrics-out has no redis round trips: {trips}")
         finally:
             proc.kill()
             proc.wait()

@@ -131,6 +131,7 @@ struct RunResult {
     std::vector<MemoryTierStats> memory_tiers;
     std::vector<std::optional<DiskTierStats>> disk_tiers;
     std::vector<std::optional<TieredTierStats>> tiered_tiers;
+    std::vector<std::optional<RedisTierStats>> redis_tiers;
     std::optional<LoopbackPd::Stats> pd;
   } snapshot;
 };
@@ -147,6 +148,7 @@ inline void add_metrics(PrometheusText& text, const RunResult& r) {
     text.add(s.memory_tiers[i], {{"model", r.model}, {"rank", rank}});
     if (s.disk_tiers[i]) text.add(*s.disk_tiers[i], {{"model", r.model}, {"rank", rank}});
     if (s.tiered_tiers[i]) text.add(*s.tiered_tiers[i], {{"model", r.model}, {"rank", rank}});
+    if (s.redis_tiers[i]) text.add(*s.redis_tiers[i], {{"model", r.model}, {"rank", rank}});
   }
   if (s.pd) text.add(*s.pd, {{"model", r.model}});
 }
@@ -837,6 +839,7 @@ class Cluster {
       snap.memory_tiers.push_back(rank->tier.memory_stats());
       snap.disk_tiers.push_back(rank->tier.disk_stats());
       snap.tiered_tiers.push_back(rank->tier.stack_stats());
+      snap.redis_tiers.push_back(rank->tier.redis_stats());
     }
     if constexpr (Composed) snap.pd = pd_->stats();
   }

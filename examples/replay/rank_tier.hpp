@@ -10,6 +10,7 @@
 #include <kvfuse/device/host_runtime.hpp>
 #include <kvfuse/tier/disk_tier.hpp>
 #include <kvfuse/tier/memory_tier.hpp>
+#include <kvfuse/tier/redis_tier_stats.hpp>
 #include <kvfuse/tier/tiered_tier.hpp>
 #if KVFUSE_REPLAY_WITH_REDIS
 #include <kvfuse/tier/redis_tier.hpp>
@@ -111,12 +112,12 @@ class RankTier {
   }
 
   kvfuse::MemoryTierStats memory_stats() const noexcept { return front_.stats(); }
-#if KVFUSE_REPLAY_WITH_REDIS
   std::optional<kvfuse::RedisTierStats> redis_stats() const noexcept {
-    if (!redis_) return std::nullopt;
-    return redis_->stats();
-  }
+#if KVFUSE_REPLAY_WITH_REDIS
+    if (redis_) return redis_->stats();
 #endif
+    return std::nullopt;
+  }
   std::optional<kvfuse::DiskTierStats> disk_stats() const noexcept {
     std::shared_lock lock(mu_);
     if (!disk_) return std::nullopt;

@@ -80,7 +80,7 @@ class MetricLabels {
 /// rank_queue (one RankQueue), connector, save_fence, tier, loopback_pd.
 ///
 /// Labels: the common labels given at construction go on every sample; each add() adds its
-/// own, and the tier overloads add `tier="memory"` or `tier="disk"`. A sample's labels are
+/// own, and the tier overloads add `tier="memory"`, `tier="disk"` or `tier="redis"`. A sample's labels are
 /// written sorted by name. One series (family plus label set) may be added once.
 ///
 /// Thread-safety: none inside; one object per thread, any thread. Every member but the
@@ -163,6 +163,14 @@ class PrometheusText {
   void add(const DiskTierStats& stats, MetricLabels labels = {}) {
     add_table(labels, {"tier", "disk"}, detail::metrics::tier_prefix, detail::metrics::disk_tier_fields, stats);
   }
+  /// RedisTier::stats(): the `kvfuse_tier_*` families with `tier="redis"` (hits, misses,
+  /// get_failures, puts and put_failures shared with the other tiers; rejected, timeouts,
+  /// round_trips, connects, connect_failures and dropped_connections its own). Needs only
+  /// <kvfuse/tier/redis_tier_stats.hpp>, not hiredis. Owner thread; allocates.
+  void add(const RedisTierStats& stats, MetricLabels labels = {}) {
+    add_table(labels, {"tier", "redis"}, detail::metrics::tier_prefix, detail::metrics::redis_tier_fields, stats);
+  }
+
   /// One TieredTier::stats(): families `kvfuse_tiered_tier_*` (add the front's and the
   /// back's own stats beside it). Owner thread; allocates.
   void add(const TieredTierStats& stats, MetricLabels labels = {}) {

@@ -51,6 +51,7 @@
 #include <kvfuse/error.hpp>
 #include <kvfuse/tier/detail/redis_connection.hpp>
 #include <kvfuse/tier/disk_format.hpp>
+#include <kvfuse/tier/redis_tier_stats.hpp>
 #include <kvfuse/tier/tier.hpp>
 
 namespace kvfuse {
@@ -68,21 +69,6 @@ struct RedisTierOptions {
   std::chrono::milliseconds connect_timeout{1000};
   std::chrono::milliseconds command_timeout{1000};
   std::size_t max_idle_connections = 16;  ///< pooled connections kept open (one per lane is enough)
-};
-
-/// Counters of a RedisTier since construction.
-struct RedisTierStats {
-  std::uint64_t hits = 0;
-  std::uint64_t misses = 0;        ///< absent keys (GET answered nil)
-  std::uint64_t rejected = 0;      ///< values that failed the entry check: served as misses, never as hits
-  std::uint64_t get_failures = 0;  ///< gets answered failed (I/O error, server error, no connection)
-  std::uint64_t timeouts = 0;      ///< gets answered timed_out
-  std::uint64_t puts = 0;          ///< successful puts
-  std::uint64_t put_failures = 0;  ///< puts the server refused (OOM, ...) or that could not be sent or confirmed
-  std::uint64_t round_trips = 0;   ///< exchanges sent: one per get, get_batch, put, contains, erase, SCAN page
-  std::uint64_t connects = 0;      ///< connections opened (the constructor's included)
-  std::uint64_t connect_failures = 0;
-  std::uint64_t dropped_connections = 0;  ///< connections closed after a failure or a timeout, or retired as stale
 };
 
 /// A tier in a redis-server (or a server speaking its protocol), shared by ranks and by

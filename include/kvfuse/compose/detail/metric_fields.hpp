@@ -30,6 +30,7 @@
 #include <kvfuse/engine/index_options.hpp>
 #include <kvfuse/tier/disk_tier.hpp>
 #include <kvfuse/tier/memory_tier.hpp>
+#include <kvfuse/tier/redis_tier_stats.hpp>
 #include <kvfuse/tier/tiered_tier.hpp>
 #include <kvfuse/worker/connector.hpp>
 
@@ -223,7 +224,7 @@ inline constexpr Field<SaveFenceStats> save_fence_fields[] = {
     counter<&SaveFenceStats::sync_failures>("sync_failures", "Fallback device synchronizes that failed."),
 };
 
-/// Both tiers share the families they have in common, told apart by a `tier` label.
+/// The tiers share the families they have in common, told apart by a `tier` label.
 inline constexpr std::string_view tier_prefix = "kvfuse_tier";
 inline constexpr Field<MemoryTierStats> memory_tier_fields[] = {
     gauge<&MemoryTierStats::entries>("entries", "Entries in the tier's catalogue."),
@@ -241,11 +242,25 @@ inline constexpr Field<DiskTierStats> disk_tier_fields[] = {
     gauge<&DiskTierStats::bytes>("bytes", "Payload bytes in the tier's catalogue."),
     counter<&DiskTierStats::hits>("hits", "Gets that found their entry."),
     counter<&DiskTierStats::misses>("misses", "Gets that found no entry."),
-    counter<&DiskTierStats::get_failures>("get_failures", "Gets that failed: too big for staging, I/O error or corrupt file."),
+    counter<&DiskTierStats::get_failures>("get_failures", "Gets that failed (disk: too big for staging, I/O error or corrupt file; redis: I/O or server error, no connection)."),
     counter<&DiskTierStats::quarantined>("quarantined", "Files moved to quarantine."),
     counter<&DiskTierStats::puts>("puts", "Successful puts."),
     counter<&DiskTierStats::put_failures>("put_failures", "Puts that failed."),
     counter<&DiskTierStats::io_errors>("io_errors", "Failed system calls."),
+};
+
+inline constexpr Field<RedisTierStats> redis_tier_fields[] = {
+    counter<&RedisTierStats::hits>("hits", "Gets that found their entry."),
+    counter<&RedisTierStats::misses>("misses", "Gets that found no entry."),
+    counter<&RedisTierStats::rejected>("rejected", "Values that failed the entry check (foreign, truncated, corrupt): served as misses."),
+    counter<&RedisTierStats::get_failures>("get_failures", "Gets that failed (disk: too big for staging, I/O error or corrupt file; redis: I/O or server error, no connection)."),
+    counter<&RedisTierStats::timeouts>("timeouts", "Gets the server did not answer within the command timeout."),
+    counter<&RedisTierStats::puts>("puts", "Successful puts."),
+    counter<&RedisTierStats::put_failures>("put_failures", "Puts that failed."),
+    counter<&RedisTierStats::round_trips>("round_trips", "Exchanges with the server: one per get, batched get, put, contains, erase or SCAN page."),
+    counter<&RedisTierStats::connects>("connects", "Connections opened."),
+    counter<&RedisTierStats::connect_failures>("connect_failures", "Connection attempts that failed."),
+    counter<&RedisTierStats::dropped_connections>("dropped_connections", "Connections closed after a failure or timeout, or retired as stale."),
 };
 
 inline constexpr std::string_view tiered_tier_prefix = "kvfuse_tiered_tier";
@@ -311,6 +326,7 @@ static_assert(valid_table(index_prefix, index_fields) && valid_table(coordinator
               valid_table(rank_queue_prefix, queue_fields) && valid_table(group_queue_prefix, queue_fields) &&
               valid_table(connector_prefix, connector_fields) && valid_table(save_fence_prefix, save_fence_fields) &&
               valid_table(tier_prefix, memory_tier_fields) && valid_table(tier_prefix, disk_tier_fields) &&
+              valid_table(tier_prefix, redis_tier_fields) &&
               valid_table(tiered_tier_prefix, tiered_tier_fields) && valid_table(loopback_pd_prefix, loopback_pd_fields),
               "a metric table has a bad prefix or name, a name spelled with _total, an empty help, or a repeated name");
 
@@ -325,6 +341,7 @@ static_assert(field_count<ConnectorStats>() == std::size(connector_fields), "Con
 static_assert(field_count<SaveFenceStats>() == std::size(save_fence_fields), "SaveFenceStats: a field has no line");
 static_assert(field_count<MemoryTierStats>() == std::size(memory_tier_fields), "MemoryTierStats: a field has no line");
 static_assert(field_count<DiskTierStats>() == std::size(disk_tier_fields), "DiskTierStats: a field has no line");
+static_assert(field_count<RedisTierStats>() == std::size(redis_tier_fields), "RedisTierStats: a field has no line");
 static_assert(field_count<TieredTierStats>() == std::size(tiered_tier_fields), "TieredTierStats: a field has no line");
 static_assert(field_count<LoopbackPd::Stats>() == std::size(loopback_pd_fields), "LoopbackPd::Stats: a field has no line");
 
@@ -361,7 +378,8 @@ constexpr std::size_t spell(Spelling* out, std::string_view prefix, const Field<
 consteval bool families_agree() {
   Spelling all[std::size(index_fields) + std::size(coordinator_fields) + std::size(pump_fields) + std::size(group_fields) +
                2 * std::size(queue_fields) + std::size(connector_fields) + std::size(save_fence_fields) +
-               std::size(memory_tier_fields) + std::size(disk_tier_fields) + std::size(tiered_tier_fields) +
+               std::size(memory_tier_fields) + std::size(disk_tier_fields) + std::size(redis_tier_fields) +
+               std::size(tiered_tier_fields) +
                std::size(loopback_pd_fields)]{};
   std::size_t n = 0;
   n += spell(all + n, index_prefix, index_fields);
@@ -374,6 +392,7 @@ consteval bool families_agree() {
   n += spell(all + n, save_fence_prefix, save_fence_fields);
   n += spell(all + n, tier_prefix, memory_tier_fields);
   n += spell(all + n, tier_prefix, disk_tier_fields);
+  n += spell(all + n, tier_prefix, redis_tier_fields);
   n += spell(all + n, tiered_tier_prefix, tiered_tier_fields);
   n += spell(all + n, loopback_pd_prefix, loopback_pd_fields);
   for (std::size_t i = 0; i < n; ++i)
