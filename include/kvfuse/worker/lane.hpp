@@ -33,10 +33,9 @@
 // on other CPUs gets the same cost on every load.
 #pragma once
 
+#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
-
-#include <pthread.h>
 
 #include <atomic>
 #include <chrono>
@@ -107,10 +106,6 @@ class TaskSlot {
   bool (*run_)(void*) noexcept = nullptr;
   void (*destroy_)(void*) noexcept = nullptr;
 };
-
-}  // namespace detail
-
-namespace detail {
 
 /// Checks a CPU list for a lane's placement: every CPU below CPU_SETSIZE and below the
 /// number of CPUs this machine has configured. `what` names the option in the message.
