@@ -52,7 +52,10 @@ BENCHMARK(BM_Stats)->Arg(1 << 10)->Arg(1 << 16)->Arg(1 << 20);
 // hashes and 1024 other loads in flight; resolutions drained every 256 pairs, as a
 // scheduler step would. Arg 0: the hash is one of the 4096 most recently stored (hot, the
 // usual case: a prefix stored or loaded recently). Arg 1: the hash is drawn uniformly from
-// all 2^20 (cold: every lookup and LRU relink misses the caches).
+// all 2^20 (cold: every lookup and LRU relink misses the caches). The hot hashes were
+// stored one after another at set-up, but the index's hash slots are placed by hash, so
+// they lie scattered over the whole slot array, as any hot set does there (compare the
+// cold pair with BM_PointerChase2, its floor).
 void BM_RequestLoadCompletePair(benchmark::State& state) {
   const bool cold = state.range(0) != 0;
   constexpr std::uint64_t n = std::uint64_t{1} << 20;
