@@ -52,7 +52,10 @@ BENCHMARK(BM_Stats)->Arg(1 << 10)->Arg(1 << 16)->Arg(1 << 20);
 // hashes and 1024 other loads in flight; resolutions drained every 256 pairs, as a
 // scheduler step would. Arg 0: the hash is one of the 4096 most recently stored (hot, the
 // usual case: a prefix stored or loaded recently). Arg 1: the hash is drawn uniformly from
-// all 2^20 (cold: every lookup and LRU relink misses the caches).
+// all 2^20 (cold: every lookup and LRU relink misses the caches). The hot hashes were
+// stored one after another at set-up, but the index's hash slots are placed by hash, so
+// they lie scattered over the whole slot array, as any hot set does there (compare the
+// cold pair with BM_PointerChase2, its floor).
 void BM_RequestLoadCompletePair(benchmark::State& state) {
   const bool cold = state.range(0) != 0;
   constexpr std::uint64_t n = std::uint64_t{1} << 20;
@@ -89,20 +92,27 @@ BENCHMARK(BM_RequestLoadCompletePair)
     ->ComputeStatistics("max", max_of)
     ->ReportAggregatesOnly(true);
 
-// The floor of the cold case: one dependent load from a random place in a 1 GiB array (a
-// random cyclic permutation walked by index), i.e. one DRAM miss plus its TLB miss, on this
-// machine in this run. A cold pair cannot cost less than its dependent misses: the bucket,
-// then the node, then (in parallel) the node's two LRU neighbours.
-void BM_PointerChase(benchmark::State& state) {
-  const std::size_t n = (static_cast<std::size_t>(state.range(0)) << 20) / sizeof(std::uint32_t);
+// A random cyclic permutation of `mib` MiB of uint32 indices (Sattolo's algorithm: one
+// cycle through every element), for the pointer-chase floors below.
+std::vector<std::uint32_t> random_cycle(std::size_t mib) {
+  const std::size_t n = (mib << 20) / sizeof(std::uint32_t);
   std::vector<std::uint32_t> next(n);
-  // Sattolo's algorithm: one cycle through every element.
   for (std::size_t i = 0; i < n; ++i) next[i] = static_cast<std::uint32_t>(i);
   std::uint64_t x = 0x9E3779B97F4A7C15ULL;
   for (std::size_t i = n - 1; i > 0; --i) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     std::swap(next[i], next[x % i]);
   }
+  return next;
+}
+
+// The floor of one cold miss: one dependent load from a random place in a 1 GiB array (a
+// random cyclic permutation walked by index), i.e. one DRAM miss plus its TLB miss, on this
+// machine in this run. Arg 32: the same in 32 MiB, the size of the index's hash slots at
+// 2^20 hashes, whose page tables stay cached and which a large L3 may partly hold: the
+// floor at the index's own footprint (the cold pair can beat the 1 GiB row).
+void BM_PointerChase(benchmark::State& state) {
+  const std::vector<std::uint32_t> next = random_cycle(static_cast<std::size_t>(state.range(0)));
   std::uint32_t p = 0;
   for (auto _ : state) p = next[p];
   benchmark::DoNotOptimize(p);
@@ -110,6 +120,27 @@ void BM_PointerChase(benchmark::State& state) {
 BENCHMARK(BM_PointerChase)
     ->ArgName("MiB")
     ->Arg(1024)
+    ->Arg(32)
+    ->Repetitions(5)
+    ->ComputeStatistics("min", min_of)
+    ->ComputeStatistics("max", max_of)
+    ->ReportAggregatesOnly(true);
+
+// The floor of the cold pair: the same chase with TWO dependent loads per iteration. An
+// exact-LRU lookup in one structure cannot cost less: it must find the hash's node (one
+// miss at best, with the node kept in the hash table's own slot), then relink the node's
+// two LRU neighbours (a second level, the two fetched in parallel). Compare the cold pair
+// with this row, measured in the same run. Args as BM_PointerChase.
+void BM_PointerChase2(benchmark::State& state) {
+  const std::vector<std::uint32_t> next = random_cycle(static_cast<std::size_t>(state.range(0)));
+  std::uint32_t p = 0;
+  for (auto _ : state) p = next[next[p]];
+  benchmark::DoNotOptimize(p);
+}
+BENCHMARK(BM_PointerChase2)
+    ->ArgName("MiB")
+    ->Arg(1024)
+    ->Arg(32)
     ->Repetitions(5)
     ->ComputeStatistics("min", min_of)
     ->ComputeStatistics("max", max_of)

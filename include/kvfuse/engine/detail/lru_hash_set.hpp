@@ -1,15 +1,21 @@
 // kvfuse/engine/detail/lru_hash_set.hpp — the indexed state hashes: a hash set and its LRU
 // order as ONE intrusive structure (R5).
 //
-// Each node is at once a member of a hash-bucket chain and of the LRU list, so there is no
-// second container whose contents could drift from the first: inserting, touching, evicting
-// and erasing all act on the one node. Internal: not part of the public API. Not
-// thread-safe; OffloadIndex calls it from the engine's scheduler thread only.
+// Each slot of one open-addressed table is at once the hash's place in the set and its node
+// in the LRU list, so there is no second container whose contents could drift from the
+// first: inserting, touching, evicting and erasing all act on the one slot. Internal: not
+// part of the public API. Not thread-safe; OffloadIndex calls it from the engine's
+// scheduler thread only.
+//
+// Why the node lives in the slot (and not in a pool the table points into): a cold lookup
+// is then one cache miss (the slot's line holds the hash and both links), and the LRU
+// relink that follows is one more level (the two neighbours, fetched in parallel). A bucket
+// array of node indices costs a dependent miss more on every cold load admission.
 //
 // Why this is not MemoryTier's LRU (tier/memory_tier.hpp), on purpose: the two share the
 // word and little else. This one is a set of 8-byte hashes with no value, capped by count,
-// owned by the scheduler thread with no lock; it never throws (short of memory it recycles
-// its coldest node) and reports the hash it evicted so the index can count it. The memory
+// owned by the scheduler thread with no lock; it never throws (short of memory it evicts
+// its coldest hash) and reports the hash it evicted so the index can count it. The memory
 // tier maps a 32-byte TierKey to a pinned byte buffer, is capped by bytes, is shared by every
 // lane of its rank under a mutex, allocates on every put anyway, and must skip and defer
 // freeing entries a TierView is still reading. One structure for both would bring the lock,
@@ -31,15 +37,26 @@ namespace kvfuse::detail {
 
 /// A capped set of PrefixHash with least-recently-used eviction.
 ///
-/// Storage is a node pool (indices, not pointers) plus a power-of-two bucket array.
-/// Both grow geometrically up to the cap, or are allocated whole at construction with
-/// `preallocate`. Growth never throws out of `insert_or_touch`: if the pool cannot grow,
-/// the least recently used node is recycled; if the bucket array cannot grow, chains get
-/// longer. Only an empty set that cannot allocate its first node drops the hash.
+/// Storage is one slot array, open-addressed with linear probing: a slot is a node {hash,
+/// prev, next} of the LRU list, whose links are slot indices. Deletion (erase, eviction)
+/// shifts later members of the probe run back into the hole, as FlatMap does, and repoints
+/// the moved node's list neighbours at its new slot; no tombstones, so lookups never slow
+/// down with churn. The load factor stays at or below 1/2: the array holds 2 * bit_ceil(cap)
+/// slots when full size (above a cap of 2^30, 2^32 - 2 slots, so that no slot index collides
+/// with the two reserved link values). It starts at 32 slots and doubles, or is allocated
+/// whole at construction with `preallocate`.
 ///
-/// Two counts are kept by different code: `size()` by the bucket chains, `lru_length()`
-/// by the list links. OffloadIndex compares them (and its own counter) on every stats()
-/// read, an O(1) cross-check that the two views of the one structure still agree.
+/// Growth never throws out of `insert_or_touch`: if a larger array cannot be allocated, the
+/// least recently used hash is evicted to make room (the set then holds fewer than `cap`
+/// hashes until a later growth succeeds), because a fixed array cannot take a higher load
+/// factor without long probe runs. The array holds at least two slots from construction, so
+/// the first hash always fits and the set never drops a hash (Outcome::dropped is not
+/// produced; it stays in the interface for OffloadIndex's counter).
+///
+/// Two counts are kept by different code: `size()` by the slots filled and emptied,
+/// `lru_length()` by the list links. OffloadIndex compares them (and its own counter) on
+/// every stats() read, an O(1) cross-check that the two views of the one structure still
+/// agree.
 ///
 /// Every member: the scheduler thread only (the thread that owns the OffloadIndex).
 class LruHashSet {
@@ -48,7 +65,7 @@ class LruHashSet {
   enum class Outcome : std::uint8_t {
     inserted,  ///< the hash is new and now most recently used
     touched,   ///< the hash was present; it is now most recently used
-    dropped,   ///< no memory for even one node: the hash is not indexed
+    dropped,   ///< no room for even one hash: not indexed (never produced by this layout)
   };
   /// What insert_or_touch did, and which hash it evicted to do it.
   struct InsertResult {
@@ -58,234 +75,275 @@ class LruHashSet {
   };
 
   /// A set holding at most `capacity` hashes (1 <= capacity <= 2^31; the caller checks).
-  /// With `preallocate`, every node and bucket is allocated here and no later call allocates.
-  LruHashSet(std::size_t capacity, bool preallocate) : capacity_(capacity) {
-    const std::size_t max_buckets = std::bit_ceil(capacity_);
-    if (preallocate) {
-      nodes_.reserve(capacity_);
-      buckets_.assign(max_buckets, npos32);
-    } else {
-      buckets_.assign(std::min<std::size_t>(16, max_buckets), npos32);
-    }
+  /// With `preallocate`, the whole slot array is allocated here and no later call
+  /// allocates. May throw std::bad_alloc (construction only).
+  LruHashSet(std::size_t capacity, bool preallocate)
+      : capacity_(capacity), max_slots_(max_slots_for(capacity)) {
+    slots_.assign(preallocate ? max_slots_ : std::min<std::size_t>(kMinSlots, max_slots_), kEmptySlot);
   }
 
   /// The most hashes the set holds. O(1).
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
-  /// Hashes reachable through the bucket chains. O(1).
-  [[nodiscard]] std::size_t size() const noexcept { return chained_; }
+  /// Hashes held in the slots. O(1).
+  [[nodiscard]] std::size_t size() const noexcept { return filled_; }
   /// Nodes on the LRU list. O(1).
   [[nodiscard]] std::size_t lru_length() const noexcept { return listed_; }
 
-  /// Whether `h` is in the set. Does not change the LRU order. O(1) expected.
-  [[nodiscard]] bool contains(PrefixHash h) const noexcept { return find_node(h) != npos32; }
+  /// Whether `h` is in the set. Does not change the LRU order. O(1) expected: one slot's
+  /// cache line when cold.
+  [[nodiscard]] bool contains(PrefixHash h) const noexcept { return find_slot(h) != npos32; }
 
-  /// Makes `h` most recently used if present; returns whether it was. O(1) expected.
+  /// Makes `h` most recently used if present; returns whether it was. O(1) expected: the
+  /// slot, then its two list neighbours.
   bool touch(PrefixHash h) noexcept {
-    const std::uint32_t n = find_node(h);
+    const std::uint32_t n = find_slot(h);
     if (n == npos32) return false;
-    list_unlink(n);
-    list_push_front(n);
+    move_to_front(n);
     return true;
   }
 
   /// Inserts `h` as most recently used, or touches it if present. At the cap, evicts the
-  /// least recently used hash first. Never throws. O(1) amortised.
+  /// least recently used hash first (or when the array must grow and cannot). Never throws.
+  /// O(1) amortised; a growth re-inserts every hash (counted as walk steps).
   InsertResult insert_or_touch(PrefixHash h) noexcept {
     InsertResult r;
-    if (touch(h)) {
-      r.outcome = Outcome::touched;
-      return r;
-    }
-    if (chained_ >= capacity_) evict_lru(r);
-    std::uint32_t n = allocate_node();
-    if (n == npos32) {
-      if (chained_ == 0) {
-        r.outcome = Outcome::dropped;
+    // One probe answers both questions: is h here, and if not, which slot would take it.
+    std::uint32_t at = home_of(h, slots_.size());
+    for (;; at = next_slot(at)) {
+      if (slots_[at].prev == kEmpty) break;
+      if (slots_[at].hash == h) {
+        move_to_front(at);
+        r.outcome = Outcome::touched;
         return r;
       }
-      evict_lru(r);  // recycle the LRU node rather than fail the insert
-      n = allocate_node();
     }
-    maybe_grow_buckets();
-    nodes_[n].hash = h;
-    chain_push(n);
-    list_push_front(n);
+    // At most one eviction: a set at its cap already has its full-size array (growth
+    // keeps the load at or below 1/2, so reaching the cap took 2 * cap slots), and a set
+    // that needs to grow holds at least one hash (it holds at least half of >= 2 slots).
+    bool moved = false;
+    if (filled_ >= capacity_) {
+      evict_lru(r);
+      moved = true;
+    } else if ((filled_ + 1) * 2 > slots_.size() && slots_.size() < max_slots_) {
+      if (!grow()) evict_lru(r);  // keep the load at 1/2 rather than lengthen probe runs
+      moved = true;
+    }
+    if (moved) at = first_empty(slots_.data(), slots_.size(), h);
+    slots_[at].hash = h;
+    ++filled_;
+    list_push_front(at);
     return r;
   }
 
   /// Removes `h`; returns whether it was present. O(1) expected.
   bool erase(PrefixHash h) noexcept {
-    const std::uint32_t n = find_node(h);
+    const std::uint32_t n = find_slot(h);
     if (n == npos32) return false;
-    remove_node(n);
+    remove_slot(n);
     return true;
   }
 
   /// Calls f(hash) from most to least recently used; each node visited counts one walk step.
   template <class F>
   void for_each_mru(F&& f) const {
-    for (std::uint32_t n = head_; n != npos32; n = nodes_[n].next) {
+    for (std::uint32_t n = head_; n != npos32; n = slots_[n].next) {
       ++walks_;
-      f(nodes_[n].hash);
+      f(slots_[n].hash);
     }
   }
 
-  /// Full structural check for tests: the list is well linked in both directions, every
-  /// listed node is found by its own hash, every chained node is listed, no hash appears
-  /// twice, and the counts agree. Returns "" when consistent, else the first problem.
-  /// O(size + buckets); every node and bucket visited counts one walk step.
+  /// Full structural check for tests: the list is well linked in both directions and only
+  /// through filled slots, every listed node is found by its own hash at its own slot,
+  /// every filled slot is listed, no hash appears twice, no probe run has a hole between a
+  /// member's home slot and the member, the load factor is kept, and the counts agree.
+  /// Returns "" when consistent, else the first problem. O(size + slots); every node and
+  /// slot visited counts one walk step.
   [[nodiscard]] std::string check() const {
+    const std::size_t slot_count = slots_.size();
+    if (slot_count < 2 || slot_count > max_slots_) return "slot array size out of range";
+    if (slot_count != max_slots_ && !std::has_single_bit(slot_count)) return "slot array size is not a power of two";
     std::size_t listed = 0;
     std::uint32_t prev = npos32;
-    for (std::uint32_t n = head_; n != npos32; n = nodes_[n].next) {
+    for (std::uint32_t n = head_; n != npos32; n = slots_[n].next) {
       ++walks_;
-      if (n >= nodes_.size()) return "LRU link points outside the node pool";
-      if (nodes_[n].prev != prev) return "LRU prev link disagrees with next link";
-      if (nodes_[n].prev == kFreeMark) return "a free node is on the LRU list";
-      if (find_node(nodes_[n].hash) != n) return "an LRU node is not reachable by its hash (or a duplicate hides it)";
-      if (++listed > nodes_.size()) return "LRU list has a cycle";
+      if (n >= slot_count) return "LRU link points outside the slot array";
+      if (slots_[n].prev == kEmpty) return "an empty slot is on the LRU list";
+      if (slots_[n].prev != prev) return "LRU prev link disagrees with next link";
+      if (find_slot(slots_[n].hash) != n) return "an LRU node is not reachable by its hash (or a duplicate hides it)";
+      if (++listed > slot_count) return "LRU list has a cycle";
       prev = n;
     }
     if (prev != tail_) return "LRU tail is not the last node";
-    std::size_t chained = 0;
-    for (std::uint32_t b = 0; b < buckets_.size(); ++b) {
+    // Scan every slot once, starting just after an empty one so that each probe run is seen
+    // whole: a member's home must lie in its run, at or before the member.
+    std::size_t start = 0;
+    while (start < slot_count && slots_[start].prev != kEmpty) ++start;
+    if (start == slot_count) return "no empty slot: probes for an absent hash would not end";
+    std::size_t filled = 0;
+    std::size_t run_start = 1;  // first slot of the current run, counted from `start`
+    for (std::size_t k = 1; k <= slot_count; ++k) {
       ++walks_;
-      for (std::uint32_t n = buckets_[b]; n != npos32; n = nodes_[n].chain) {
-        ++walks_;
-        if (n >= nodes_.size()) return "bucket chain points outside the node pool";
-        if (bucket_of(nodes_[n].hash) != b) return "a node is chained in the wrong bucket";
-        if (nodes_[n].prev == kFreeMark) return "a free node is chained in a bucket";
-        if (++chained > nodes_.size()) return "bucket chain has a cycle";
+      const auto i = static_cast<std::uint32_t>((start + k) % slot_count);
+      const Slot& s = slots_[i];
+      if (s.prev == kEmpty) {
+        run_start = k + 1;
+        continue;
       }
-    }
-    std::size_t free_nodes = 0;
-    for (std::uint32_t n = free_; n != npos32; n = nodes_[n].chain) {
-      ++walks_;
-      if (nodes_[n].prev != kFreeMark) return "a node on the free list is not marked free";
-      if (++free_nodes > nodes_.size()) return "free list has a cycle";
+      ++filled;
+      if ((s.prev != npos32 && (s.prev >= slot_count || slots_[s.prev].next != i)) ||
+          (s.prev == npos32 && head_ != i))
+        return "a filled slot's prev link is not returned by its neighbour";
+      if ((s.next != npos32 && (s.next >= slot_count || slots_[s.next].prev != i)) ||
+          (s.next == npos32 && tail_ != i))
+        return "a filled slot's next link is not returned by its neighbour";
+      const std::size_t home_k = (home_of(s.hash, slot_count) + slot_count - start) % slot_count;
+      if (home_k < run_start || home_k > k) return "a probe run has a hole between a member's home and the member";
+      if (find_slot(s.hash) != i) return "a hash is held in two slots";
     }
     if (listed != listed_) return "LRU length counter disagrees with the list";
-    if (chained != chained_) return "chained counter disagrees with the buckets";
-    if (listed != chained) return "the LRU list and the hash buckets hold different node counts";
-    if (listed + free_nodes != nodes_.size()) return "nodes leaked: neither listed nor free";
-    if (chained_ > capacity_) return "more hashes than the cap";
+    if (filled != filled_) return "filled counter disagrees with the slots";
+    if (listed != filled) return "the LRU list and the slots hold different node counts";
+    if (filled_ > capacity_) return "more hashes than the cap";
+    if (filled_ * 2 > slot_count && slot_count != max_slots_) return "load factor above 1/2 in a growable array";
     return {};
   }
 
-  /// Nodes and buckets visited by walks (check, for_each_mru, rehash) since construction.
+  /// Nodes and slots visited by walks (check, for_each_mru, growth) since construction.
   [[nodiscard]] std::uint64_t walks() const noexcept { return walks_; }
 
  private:
-  // prev == kFreeMark tags a node on the free list, so check() can tell it from a live one.
-  static constexpr std::uint32_t kFreeMark = 0xFFFF'FFFEu;
+  // prev == kEmpty marks an empty slot (a live node's prev is npos32 or a slot index, and
+  // slot indices stay below kEmpty). One 16-byte slot: four to a cache line, never split.
+  static constexpr std::uint32_t kEmpty = 0xFFFF'FFFEu;
+  static constexpr std::size_t kMinSlots = 32;
 
-  struct Node {
+  struct Slot {
     PrefixHash hash;
-    std::uint32_t prev = npos32;   // LRU list: towards most recently used
-    std::uint32_t next = npos32;   // LRU list: towards least recently used
-    std::uint32_t chain = npos32;  // bucket chain, or the free list
+    std::uint32_t prev;  // LRU list: towards most recently used; kEmpty when the slot is empty
+    std::uint32_t next;  // LRU list: towards least recently used
   };
+  static_assert(sizeof(Slot) == 16);
+  static constexpr Slot kEmptySlot{PrefixHash{}, kEmpty, npos32};
 
-  [[nodiscard]] std::size_t bucket_of(PrefixHash h) const noexcept {
-    return std::hash<PrefixHash>{}(h) & (buckets_.size() - 1);
+  // 2 * bit_ceil(capacity) keeps the load at or below 1/2 at the cap. Above a cap of 2^30
+  // that would be 2^32 slots, whose indices would include npos32 and kEmpty: the array
+  // stops two short (load just over 1/2 at a cap of 2^31), which is why slots are found by
+  // multiply-shift rather than by mask.
+  static std::size_t max_slots_for(std::size_t capacity) noexcept {
+    return capacity <= (std::size_t{1} << 30) ? 2 * std::bit_ceil(capacity) : (std::size_t{1} << 32) - 2;
   }
 
-  [[nodiscard]] std::uint32_t find_node(PrefixHash h) const noexcept {
-    for (std::uint32_t n = buckets_[bucket_of(h)]; n != npos32; n = nodes_[n].chain)
-      if (nodes_[n].hash == h) return n;
-    return npos32;
+  // The home slot of `h` among `slot_count`: the top 32 bits of the mixed hash scaled to the
+  // array (multiply-shift), valid for any count up to 2^32.
+  static std::uint32_t home_of(PrefixHash h, std::size_t slot_count) noexcept {
+    return static_cast<std::uint32_t>(((std::hash<PrefixHash>{}(h) >> 32) * slot_count) >> 32);
+  }
+
+  [[nodiscard]] std::uint32_t next_slot(std::uint32_t i) const noexcept {
+    return i + std::size_t{1} == slots_.size() ? 0 : i + 1;
+  }
+
+  static std::uint32_t first_empty(const Slot* slots, std::size_t slot_count, PrefixHash h) noexcept {
+    std::uint32_t i = home_of(h, slot_count);
+    while (slots[i].prev != kEmpty) i = i + std::size_t{1} == slot_count ? 0 : i + 1;
+    return i;
+  }
+
+  [[nodiscard]] std::uint32_t find_slot(PrefixHash h) const noexcept {
+    const Slot* slots = slots_.data();
+    for (std::uint32_t i = home_of(h, slots_.size());; i = next_slot(i)) {
+      if (slots[i].prev == kEmpty) return npos32;
+      if (slots[i].hash == h) return i;
+    }
+  }
+
+  void move_to_front(std::uint32_t n) noexcept {
+    if (n == head_) return;
+    list_unlink(n);
+    list_push_front(n);
   }
 
   void evict_lru(InsertResult& r) noexcept {
     const std::uint32_t victim = tail_;
     r.evicted = true;
-    r.evicted_hash = nodes_[victim].hash;
-    remove_node(victim);
+    r.evicted_hash = slots_[victim].hash;
+    remove_slot(victim);
   }
 
-  void remove_node(std::uint32_t n) noexcept {
-    chain_remove(n);
+  // Unlinks slot n and empties it. Backward shift: a member later in the run moves into the
+  // hole unless its home lies cyclically in (hole, j], where moving it would put it before
+  // its home; each move repoints the moved node's list neighbours (or head_/tail_).
+  void remove_slot(std::uint32_t n) noexcept {
     list_unlink(n);
-    nodes_[n].prev = kFreeMark;
-    nodes_[n].chain = free_;
-    free_ = n;
+    std::uint32_t hole = n;
+    for (std::uint32_t j = next_slot(hole); slots_[j].prev != kEmpty; j = next_slot(j)) {
+      const std::uint32_t want = home_of(slots_[j].hash, slots_.size());
+      const bool home_between = hole <= j ? (hole < want && want <= j) : (hole < want || want <= j);
+      if (!home_between) {
+        relocate(j, hole);
+        hole = j;
+      }
+    }
+    slots_[hole] = kEmptySlot;
+    --filled_;
   }
 
-  std::uint32_t allocate_node() noexcept {
-    if (free_ != npos32) {
-      const std::uint32_t n = free_;
-      free_ = nodes_[n].chain;
-      nodes_[n] = Node{};
-      return n;
-    }
-    if (nodes_.size() >= capacity_) return npos32;
-    try {
-      if (nodes_.size() == nodes_.capacity())
-        nodes_.reserve(std::min(capacity_, std::max<std::size_t>(64, nodes_.size() * 2)));
-      nodes_.emplace_back();
-    } catch (...) {
-      return npos32;
-    }
-    return static_cast<std::uint32_t>(nodes_.size() - 1);
+  void relocate(std::uint32_t from, std::uint32_t to) noexcept {
+    const Slot s = slots_[from];
+    slots_[to] = s;
+    if (s.prev != npos32) slots_[s.prev].next = to; else head_ = to;
+    if (s.next != npos32) slots_[s.next].prev = to; else tail_ = to;
   }
 
-  void maybe_grow_buckets() noexcept {
-    if (chained_ + 1 <= buckets_.size() || buckets_.size() >= std::bit_ceil(capacity_)) return;
-    std::vector<std::uint32_t> fresh;
+  // Doubles the array (up to max_slots_) and re-inserts every hash, walking the list from
+  // most recently used so the new list is built in the same order. Returns false, with
+  // nothing changed, when the new array cannot be allocated.
+  bool grow() noexcept {
+    const std::size_t count = std::min(slots_.size() * 2, max_slots_);
+    std::vector<Slot> fresh;
     try {
-      fresh.assign(buckets_.size() * 2, npos32);
+      fresh.assign(count, kEmptySlot);
     } catch (...) {
-      return;  // longer chains, still correct
+      return false;
     }
-    const std::size_t mask = fresh.size() - 1;
-    for (std::uint32_t n = head_; n != npos32; n = nodes_[n].next) {
+    std::uint32_t head = npos32;
+    std::uint32_t prev = npos32;
+    for (std::uint32_t n = head_; n != npos32; n = slots_[n].next) {
       ++walks_;
-      const std::size_t b = std::hash<PrefixHash>{}(nodes_[n].hash) & mask;
-      nodes_[n].chain = fresh[b];
-      fresh[b] = n;
+      const std::uint32_t m = first_empty(fresh.data(), count, slots_[n].hash);
+      fresh[m] = Slot{slots_[n].hash, prev, npos32};
+      if (prev != npos32) fresh[prev].next = m; else head = m;
+      prev = m;
     }
-    buckets_.swap(fresh);
-  }
-
-  void chain_push(std::uint32_t n) noexcept {
-    std::uint32_t& head = buckets_[bucket_of(nodes_[n].hash)];
-    nodes_[n].chain = head;
-    head = n;
-    ++chained_;
-  }
-
-  void chain_remove(std::uint32_t n) noexcept {
-    std::uint32_t* link = &buckets_[bucket_of(nodes_[n].hash)];
-    while (*link != n) link = &nodes_[*link].chain;
-    *link = nodes_[n].chain;
-    nodes_[n].chain = npos32;
-    --chained_;
+    slots_.swap(fresh);
+    head_ = head;
+    tail_ = prev;
+    return true;
   }
 
   void list_push_front(std::uint32_t n) noexcept {
-    nodes_[n].prev = npos32;
-    nodes_[n].next = head_;
-    if (head_ != npos32) nodes_[head_].prev = n;
+    slots_[n].prev = npos32;
+    slots_[n].next = head_;
+    if (head_ != npos32) slots_[head_].prev = n;
     head_ = n;
     if (tail_ == npos32) tail_ = n;
     ++listed_;
   }
 
   void list_unlink(std::uint32_t n) noexcept {
-    Node& node = nodes_[n];
-    if (node.prev != npos32) nodes_[node.prev].next = node.next; else head_ = node.next;
-    if (node.next != npos32) nodes_[node.next].prev = node.prev; else tail_ = node.prev;
+    Slot& node = slots_[n];
+    if (node.prev != npos32) slots_[node.prev].next = node.next; else head_ = node.next;
+    if (node.next != npos32) slots_[node.next].prev = node.prev; else tail_ = node.prev;
     node.prev = node.next = npos32;
     --listed_;
   }
 
   std::size_t capacity_;
-  std::vector<Node> nodes_;
-  std::vector<std::uint32_t> buckets_;
+  std::size_t max_slots_;  // the full-size array: 2 * bit_ceil(capacity_), or 2^32 - 2
+  std::vector<Slot> slots_;
   std::uint32_t head_ = npos32;  // most recently used
   std::uint32_t tail_ = npos32;  // least recently used
-  std::uint32_t free_ = npos32;
-  std::size_t chained_ = 0;
+  std::size_t filled_ = 0;
   std::size_t listed_ = 0;
   mutable std::uint64_t walks_ = 0;
 };
