@@ -3,8 +3,8 @@
 # As root: installs whatever is missing with apt-get. As anyone else: stops and prints
 # the exact command to run.
 set -euo pipefail
-packages=(build-essential cmake make python3 libboost-dev doctest-dev libbenchmark-dev libamdhip64-dev
-          nlohmann-json3-dev libcli11-dev gnuplot-nox libhiredis-dev redis-server)
+packages=(build-essential cmake make python3 libboost-dev libxxhash-dev doctest-dev libbenchmark-dev
+          libamdhip64-dev nlohmann-json3-dev libcli11-dev gnuplot-nox libhiredis-dev redis-server)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

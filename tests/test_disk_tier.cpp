@@ -1,4 +1,4 @@
-// DiskTier: file format, atomic puts, restart (R18), quarantine, and the checksum it uses.
+// DiskTier: file format, atomic puts, restart (R18), quarantine, and the checksums it uses.
 #include "tier_test_support.hpp"
 #include "test_support.hpp"
 #include <doctest/doctest.h>
@@ -8,6 +8,7 @@
 #include <kvfuse/tier/disk_tier.hpp>
 
 #include <stdlib.h>
+#include <xxhash.h>  // again, as an engine might: must coexist with kvfuse's inline include
 
 #include <algorithm>
 #include <cstddef>
@@ -15,10 +16,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 using namespace kvfuse;
@@ -82,6 +85,48 @@ TEST_CASE("checksum: xxh64 matches the reference vectors whatever the split of t
     for (std::size_t i = 0; i < bytes.size(); i += step) h.update(bytes.subspan(i, std::min(step, bytes.size() - i)));
     CHECK(h.digest() == 0x0bf0bdbcc82eb373ULL);
   }
+}
+
+TEST_CASE("checksum: xxh3_64 matches libxxhash's values whatever the split of the input") {
+  const auto hash_of = [](std::string_view s) { return detail::xxh3_64(std::as_bytes(std::span(s.data(), s.size()))); };
+  // Reference values printed by a C program linked with Debian's libxxhash 0.8.1 (-lxxhash),
+  // XXH3_64bits(data, len): not kvfuse's header-only include.
+  CHECK(hash_of("") == 0x2d06800538d394c2ULL);
+  CHECK(hash_of("a") == 0xe6c632b61e964e1fULL);
+  CHECK(hash_of("abc") == 0x78af5f94892f3950ULL);
+  CHECK(hash_of("Nobody inspects the spammish repetition") == 0x6cb00603b5cc47e9ULL);
+  std::string big;  // the same bytes as the XXH64 test's, longer: XXH3's long-input path
+  for (int i = 0; i < 5000; ++i) big.push_back(static_cast<char>((i * 131 + 7) & 0xff));
+  CHECK(hash_of(std::string_view(big).substr(0, 200)) == 0xc0fbc0f4e181c826ULL);   // 129..240 bytes
+  CHECK(hash_of(std::string_view(big).substr(0, 1000)) == 0x571d5cbfef44331bULL);  // stripes, one block
+  CHECK(hash_of(big) == 0xe4007929540f095cULL);                                     // several blocks
+
+  const auto bytes = std::as_bytes(std::span(big.data(), big.size()));
+  for (std::size_t step : {1u, 3u, 63u, 64u, 65u, 256u, 1024u, 4999u}) {
+    detail::Xxh3 h;
+    for (std::size_t i = 0; i < bytes.size(); i += step) h.update(bytes.subspan(i, std::min(step, bytes.size() - i)));
+    CHECK(h.digest() == 0xe4007929540f095cULL);
+    CHECK(h.digest() == 0xe4007929540f095cULL);  // digest does not change the state
+  }
+  // The state keeps its 64-byte alignment wherever the hasher lives (XXH3_state_t needs it).
+  auto on_heap = std::make_unique<detail::Xxh3>();
+  CHECK(reinterpret_cast<std::uintptr_t>(on_heap.get()) % 64 == 0);
+  on_heap->update(bytes);
+  CHECK(on_heap->digest() == 0xe4007929540f095cULL);
+}
+
+TEST_CASE("checksum: kvfuse's header-only xxHash coexists with an engine that includes xxhash.h itself") {
+  // This file includes <xxhash.h> again after kvfuse (see the top): both compile in one
+  // unit, and the engine's calls give the same values as kvfuse's wrappers.
+  const std::string_view s = "Nobody inspects the spammish repetition";
+  const auto bytes = std::as_bytes(std::span(s.data(), s.size()));
+  CHECK(XXH3_64bits(s.data(), s.size()) == detail::xxh3_64(bytes));
+  CHECK(XXH64(s.data(), s.size(), 42) == detail::xxh64(bytes, 42));
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  REQUIRE(XXH3_64bits_reset(&state) == XXH_OK);
+  REQUIRE(XXH3_64bits_update(&state, s.data(), s.size()) == XXH_OK);
+  CHECK(XXH3_64bits_digest(&state) == 0x6cb00603b5cc47e9ULL);
 }
 
 TEST_CASE("disk tier: file names spell the whole key and only canonical names parse") {

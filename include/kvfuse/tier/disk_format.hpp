@@ -2,12 +2,12 @@
 // file header and the file names. A compatibility promise: a directory written by one build
 // is read by the next (R18), so a change here is a new format version, never an edit.
 //
-// Entry file, format version 1: an 80-byte header, then the payload. All integers are
-// little-endian, written byte by byte (detail/little_endian.hpp), so the bytes are the same
-// on every host.
+// Entry file: an 80-byte header, then the payload. All integers are little-endian, written
+// byte by byte (detail/little_endian.hpp), so the bytes are the same on every host. Every
+// version has the same layout; what a version changes is the checksum algorithm:
 //
 //   [0,8)    magic "KVFUSEDT" (4B 56 46 55 53 45 44 54)
-//   [8,12)   format version (1)
+//   [8,12)   format version (1 or 2, below)
 //   [12,16)  header size in bytes (80)
 //   [16,24)  key.model
 //   [24,32)  key.hash
@@ -16,10 +16,18 @@
 //   [40]     key.kind (1 = kv_chunk, 2 = state)
 //   [41,48)  zero
 //   [48,56)  payload length in bytes
-//   [56,64)  XXH64 (seed 0) of the payload
+//   [56,64)  checksum of the payload (the version's algorithm, seed 0)
 //   [64,72)  reserved: written as zero; not checked on read (the header checksum covers it)
-//   [72,80)  XXH64 (seed 0) of header bytes [0,72)
+//   [72,80)  checksum of header bytes [0,72) (the version's algorithm, seed 0)
 //   [80,…)   payload: exactly `payload length` bytes, nothing after it
+//
+//   version  checksum [56,64) and [72,80)   written by
+//   1        XXH64, seed 0                  kvfuse 0.2.0; still read, never written
+//   2        XXH3-64 (XXH3_64bits), seed 0  this build
+//
+// Version 2 exists because XXH3 runs ~1.5x faster than XXH64 on the payloads a load checks;
+// the algorithm is chosen from the version field in one place (entry_checksum,
+// EntryChecksum), so every reader accepts both.
 //
 // Readers refuse (never misread) a wrong magic, version or header size, a header checksum
 // that does not match, an unknown kind, nonzero padding, and a file whose size is not
@@ -59,8 +67,11 @@ namespace kvfuse::detail::disk {
 
 /// Bytes of the entry header; the payload starts here.
 inline constexpr std::size_t header_bytes = 80;
-/// The format version this build writes and reads.
-inline constexpr std::uint32_t format_version = 1;
+/// The format version this build writes (see the table above).
+inline constexpr std::uint32_t format_version = 2;
+/// The oldest format version this build still reads: every version from it to
+/// format_version is read (R18).
+inline constexpr std::uint32_t oldest_format_version = 1;
 /// The first eight bytes of every entry file.
 inline constexpr char magic[8] = {'K', 'V', 'F', 'U', 'S', 'E', 'D', 'T'};
 /// Characters in an entry file name: "kv-" 16 "-" 16 "-" 8 "-" 8 ".kvt".
@@ -77,20 +88,60 @@ inline constexpr std::string_view temp_prefix = ".tmp-";
 /// The encoded form of one header.
 using HeaderBytes = std::array<std::byte, header_bytes>;
 
+/// Whether this build reads entries of format `version`. Any thread; noexcept.
+[[nodiscard]] constexpr bool readable_version(std::uint32_t version) noexcept {
+  return version >= oldest_format_version && version <= format_version;
+}
+
+/// Whether format `version` (a readable_version) checksums with XXH64 (version 1) rather
+/// than XXH3-64 (version 2). The one place the algorithm is chosen: entry_checksum and
+/// EntryChecksum both ask it. Any thread; noexcept.
+[[nodiscard]] constexpr bool checksum_is_xxh64(std::uint32_t version) noexcept { return version == 1; }
+
+/// The checksum format `version` (a readable_version) uses for the payload and the header
+/// (seed 0). Any thread; noexcept; no allocation; reads every byte of `bytes` once.
+[[nodiscard]] inline std::uint64_t entry_checksum(std::uint32_t version, std::span<const std::byte> bytes) noexcept {
+  return checksum_is_xxh64(version) ? xxh64(bytes) : xxh3_64(bytes);
+}
+
+/// entry_checksum(version, ·) fed in pieces: digest() after update()s over any split of
+/// `bytes` equals entry_checksum(version, bytes). For a payload read in parts (DiskTier's
+/// opening scan). One object per computation, one thread; noexcept; never allocates (holds
+/// both states, ~700 bytes, 64-byte aligned: keep it on the stack or as a member).
+class EntryChecksum {
+ public:
+  explicit EntryChecksum(std::uint32_t version) noexcept : xxh64_(checksum_is_xxh64(version)) {}
+
+  void update(std::span<const std::byte> bytes) noexcept {
+    if (xxh64_) v1_.update(bytes);
+    else v2_.update(bytes);
+  }
+
+  [[nodiscard]] std::uint64_t digest() const noexcept { return xxh64_ ? v1_.digest() : v2_.digest(); }
+
+ private:
+  bool xxh64_;
+  Xxh64 v1_;
+  Xxh3 v2_;
+};
+
 /// What a header says about its file.
 struct Header {
   TierKey key;
   std::uint64_t payload_bytes = 0;
-  std::uint64_t payload_checksum = 0;  ///< XXH64 (seed 0) of the payload
+  std::uint64_t payload_checksum = 0;  ///< entry_checksum(version, payload)
+  /// The format version the header was read in (decode sets it; 1 or 2). encode ignores it
+  /// and always writes format_version, so payload_checksum must then be version 2's.
+  std::uint32_t version = format_version;
 };
 
 /// Why decode refused a header. Checked in this order; the first failure is reported.
 enum class HeaderError : std::uint8_t {
   none = 0,
   bad_magic = 1,        ///< bytes [0,8) are not "KVFUSEDT": not an entry file
-  bad_version = 2,      ///< bytes [8,12) are not format_version
+  bad_version = 2,      ///< bytes [8,12) are no readable_version (neither 1 nor 2)
   bad_header_size = 3,  ///< bytes [12,16) are not header_bytes
-  bad_checksum = 4,     ///< bytes [72,80) are not the XXH64 of bytes [0,72): a torn or corrupt header
+  bad_checksum = 4,     ///< bytes [72,80) are not the version's checksum of bytes [0,72): a torn or corrupt header
   bad_kind = 5,         ///< byte 40 is neither kv_chunk nor state
   bad_padding = 6,      ///< bytes [41,48) are not zero
 };
@@ -103,8 +154,9 @@ struct DecodedHeader {
   explicit operator bool() const noexcept { return ok(); }
 };
 
-/// Encodes `h` in format version 1 (see the table above), header checksum included.
-/// Any thread; noexcept; no allocation.
+/// Encodes `h` in format_version (2: see the table above), header checksum included;
+/// `h.version` is not used (a build writes one version) and `h.payload_checksum` must be
+/// entry_checksum(format_version, payload). Any thread; noexcept; no allocation.
 [[nodiscard]] inline HeaderBytes encode(const Header& h) noexcept {
   HeaderBytes out{};
   std::memcpy(out.data(), magic, sizeof magic);
@@ -117,20 +169,21 @@ struct DecodedHeader {
   put_le(out.data() + 40, static_cast<std::uint8_t>(h.key.kind), 1);
   put_le(out.data() + 48, h.payload_bytes, 8);
   put_le(out.data() + 56, h.payload_checksum, 8);
-  put_le(out.data() + 72, xxh64(std::span<const std::byte>(out.data(), 72)), 8);
+  put_le(out.data() + 72, entry_checksum(format_version, std::span<const std::byte>(out.data(), 72)), 8);
   return out;
 }
 
-/// Decodes and validates a header: magic, version, header size, checksum, kind, padding,
-/// in that order. Does not see the file, so the length check is file_size_matches. Any
-/// thread; noexcept; no allocation.
+/// Decodes and validates a header of any readable version: magic, version, header size,
+/// checksum (the version's algorithm), kind, padding, in that order. Does not see the file,
+/// so the length check is file_size_matches. Any thread; noexcept; no allocation.
 [[nodiscard]] inline DecodedHeader decode(std::span<const std::byte, header_bytes> in) noexcept {
   DecodedHeader d;
   const auto kind = get_le(in.data() + 40, 1);
+  const auto version = static_cast<std::uint32_t>(get_le(in.data() + 8, 4));
   if (std::memcmp(in.data(), magic, sizeof magic) != 0) d.error = HeaderError::bad_magic;
-  else if (get_le(in.data() + 8, 4) != format_version) d.error = HeaderError::bad_version;
+  else if (!readable_version(version)) d.error = HeaderError::bad_version;
   else if (get_le(in.data() + 12, 4) != header_bytes) d.error = HeaderError::bad_header_size;
-  else if (get_le(in.data() + 72, 8) != xxh64(in.first<72>())) d.error = HeaderError::bad_checksum;
+  else if (get_le(in.data() + 72, 8) != entry_checksum(version, in.first<72>())) d.error = HeaderError::bad_checksum;
   else if (kind != static_cast<std::uint8_t>(EntryKind::kv_chunk) && kind != static_cast<std::uint8_t>(EntryKind::state))
     d.error = HeaderError::bad_kind;
   else
@@ -144,6 +197,7 @@ struct DecodedHeader {
   d.header.key.kind = static_cast<EntryKind>(kind);
   d.header.payload_bytes = get_le(in.data() + 48, 8);
   d.header.payload_checksum = get_le(in.data() + 56, 8);
+  d.header.version = version;
   return d;
 }
 
@@ -153,11 +207,11 @@ struct DecodedHeader {
   return file_size >= header_bytes && file_size - header_bytes == h.payload_bytes;
 }
 
-/// The header of an entry holding `payload` under `key` (its payload checksum computed
-/// here). What DiskTier writes in front of a file and RedisTier in front of a value. Any
-/// thread; noexcept; no allocation; reads every payload byte once.
+/// The format_version header of an entry holding `payload` under `key` (its payload
+/// checksum computed here). What DiskTier writes in front of a file and RedisTier in front
+/// of a value. Any thread; noexcept; no allocation; reads every payload byte once.
 [[nodiscard]] inline HeaderBytes encode_entry_header(const TierKey& key, std::span<const std::byte> payload) noexcept {
-  return encode(Header{key, payload.size(), xxh64(payload)});
+  return encode(Header{key, payload.size(), entry_checksum(format_version, payload), format_version});
 }
 
 /// Why an entry (a file, a remote value) was refused; `none` when it may be served.
@@ -192,15 +246,15 @@ struct CheckedEntry {
 };
 
 /// Checks a whole entry held in memory (header then payload) that must hold `expected`:
-/// check_header, then the payload checksum. Any thread; noexcept; no allocation; reads
-/// every payload byte once.
+/// check_header, then the payload checksum of the header's version. Any thread; noexcept; no
+/// allocation; reads every payload byte once.
 [[nodiscard]] inline CheckedEntry check_entry(std::span<const std::byte> entry, const TierKey& expected) noexcept {
   if (entry.size() < header_bytes) return {{}, EntryError::too_short};
   Header header;
   if (const EntryError e = check_header(entry.first<header_bytes>(), expected, entry.size(), header); e != EntryError::none)
     return {{}, e};
   const std::span<const std::byte> payload = entry.subspan(header_bytes);
-  if (xxh64(payload) != header.payload_checksum) return {{}, EntryError::bad_payload_checksum};
+  if (entry_checksum(header.version, payload) != header.payload_checksum) return {{}, EntryError::bad_payload_checksum};
   return {payload, EntryError::none};
 }
 

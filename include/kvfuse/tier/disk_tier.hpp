@@ -41,7 +41,6 @@
 #include <utility>
 #include <vector>
 
-#include <kvfuse/detail/checksum.hpp>
 #include <kvfuse/error.hpp>
 #include <kvfuse/tier/detail/posix_file.hpp>
 #include <kvfuse/tier/disk_format.hpp>
@@ -147,7 +146,8 @@ class DiskTier {
     const long long got = detail::posix::read_at(fd.get(), staging.data(), n, detail::disk::header_bytes);
     if (got < 0) return counted_failure(true);
     const auto payload = std::span<const std::byte>(staging.data(), n);
-    if (static_cast<std::size_t>(got) != n || detail::xxh64(payload) != header.payload_checksum) {
+    if (static_cast<std::size_t>(got) != n ||
+        detail::disk::entry_checksum(header.version, payload) != header.payload_checksum) {
       quarantine_open_file(fd.get(), name, key);
       return counted_failure(false);
     }
@@ -369,7 +369,7 @@ class DiskTier {
   }
 
   static Check verify_payload(int fd, const detail::disk::Header& header, std::byte* buffer, std::size_t size) noexcept {
-    detail::Xxh64 hash;
+    detail::disk::EntryChecksum hash(header.version);
     std::uint64_t offset = detail::disk::header_bytes;
     std::uint64_t left = header.payload_bytes;
     while (left != 0) {
