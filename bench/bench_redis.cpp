@@ -2,7 +2,7 @@
 //
 //   BM_RedisLoad/chunk_KiB:<16|256>/connector:0
 //       One 64-chunk KV load through PagedKv::retrieve over a RedisTier (one get_batch: every
-//       GET in one write, the replies' payloads checked (XXH3-64) and copied into the blocks by
+//       GET in one write, the socket read 256 KiB at a time, the replies' payloads checked (XXH3-64) and copied into the blocks by
 //       an inline HostRuntime stream), against a hand-written pipelined hiredis load of the
 //       same 64 values from the same server: 64 redisAppendCommand GETs, 64 redisGetReply,
 //       a memcpy of each value's payload into the same blocks, no check. The sides

@@ -245,6 +245,10 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     t.row("  cold: slowest repetition", hi, "ns")
     t.row("  cold floor: one dependent DRAM miss (pointer chase, 1 GiB), median",
           m(idx, "BM_PointerChase/MiB:1024/repeats:5_median", "real_time"), "ns")
+    floor2 = m(idx, "BM_PointerChase2/MiB:32/repeats:5_median", "real_time")
+    t.row("  cold floor: two dependent misses in 32 MiB (find the slot, then its LRU neighbours), median",
+          floor2, "ns")
+    t.row("  cold pair / that two-miss floor", ratio(m(idx, pair.format(1, "median"), "real_time"), floor2), "x")
 
     t.section("completion path (kvfuse_bench_completion)")
     t.row("records drained + merged through lane queues and quorum, 8 ranks",
