@@ -140,18 +140,7 @@ std::vector<std::byte> v1_entry(const TierKey& key, std::span<const std::byte> p
   return out;
 }
 
-void write_file(const fs::path& p, std::span<const std::byte> bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
-
-std::size_t files_in(const fs::path& dir) {
-  std::size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file()) ++n;
-  return n;
-}
+void write_file(const fs::path& p, std::span<const std::byte> bytes) { REQUIRE(testing::write_bytes(p, bytes)); }
 
 bool same_header(const disk::Header& a, const disk::Header& b) {
   return a.key == b.key && a.payload_bytes == b.payload_bytes && a.payload_checksum == b.payload_checksum &&
@@ -305,7 +294,7 @@ TEST_CASE("R18 disk tier: a directory of version-1 files (kvfuse 0.2.0) is serve
     DiskTier tier(dir.path);
     CHECK(tier.stats().quarantined == 2);
     CHECK(tier.stats().entries == 0);
-    CHECK(files_in(dir.path / "quarantine") == 2);
+    CHECK(testing::regular_files_in(dir.path / "quarantine") == 2);
     CHECK(tier.get(golden_key(), staging).status() == GetStatus::miss);
     CHECK(tier.get(big_key, staging).status() == GetStatus::miss);
   }
@@ -321,7 +310,7 @@ TEST_CASE("R18 disk tier: a directory of version-1 files (kvfuse 0.2.0) is serve
     CHECK(tier.get(golden_key(), staging).status() == GetStatus::failed);
     CHECK(tier.stats().quarantined == 1);
     CHECK(tier.get(golden_key(), staging).status() == GetStatus::miss);
-    CHECK(files_in(dir.path / "quarantine") == 1);
+    CHECK(testing::regular_files_in(dir.path / "quarantine") == 1);
   }
 }
 

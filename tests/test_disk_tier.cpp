@@ -40,18 +40,7 @@ std::vector<std::byte> read_file(const fs::path& p) {
   return out;
 }
 
-void write_file(const fs::path& p, std::span<const std::byte> bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(out.good());
-}
-
-std::size_t files_in(const fs::path& dir) {
-  std::size_t n = 0;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file()) ++n;
-  return n;
-}
+void write_file(const fs::path& p, std::span<const std::byte> bytes) { REQUIRE(testing::write_bytes(p, bytes)); }
 
 bool has_temp_files(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir))
@@ -181,11 +170,11 @@ TEST_CASE("disk tier: puts leave no temporary files - overwrite replaces and era
   DiskTier tier(dir.path);
   for (std::uint64_t h = 0; h < 8; ++h) REQUIRE(tier.put(key_of(h), pattern(h, 100 + h)));
   CHECK_FALSE(has_temp_files(dir.path));
-  CHECK(files_in(dir.path) == 8);
+  CHECK(testing::regular_files_in(dir.path) == 8);
 
   const auto replacement = pattern(99, 3000);
   REQUIRE(tier.put(key_of(3), replacement));
-  CHECK(files_in(dir.path) == 8);
+  CHECK(testing::regular_files_in(dir.path) == 8);
   std::vector<std::byte> staging(4096);
   const TierView v = tier.get(key_of(3), staging);
   REQUIRE(v.hit());
@@ -319,8 +308,8 @@ TEST_CASE("R18 disk tier: corrupt / truncated / garbage / misnamed files are qua
   CHECK(s.quarantined == 9);  // 0-7 and notes.txt; the temp file is deleted, not counted
   CHECK(s.entries == 2);      // 8 and 9 survive
   CHECK(s.bytes == payload[8].size() + payload[9].size());
-  CHECK(files_in(dir.path / "quarantine") == 9);
-  CHECK(files_in(dir.path) == 2);
+  CHECK(testing::regular_files_in(dir.path / "quarantine") == 9);
+  CHECK(testing::regular_files_in(dir.path) == 2);
   CHECK_FALSE(has_temp_files(dir.path));
 
   std::vector<std::byte> staging(4096);
@@ -375,7 +364,7 @@ TEST_CASE("R18 disk tier: a file corrupted or swapped behind an open tier fails 
   const TierView v = tier.get(key_of(2, 1), staging);  // rank 1's own entry is untouched
   REQUIRE(v.hit());
   CHECK(same(v.bytes(), b));
-  CHECK(files_in(dir.path / "quarantine") == 2);
+  CHECK(testing::regular_files_in(dir.path / "quarantine") == 2);
 }
 
 TEST_CASE("disk tier: with payload checks off at open a corrupt payload is caught by the read") {

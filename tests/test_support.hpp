@@ -8,7 +8,10 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <filesystem>
+#include <fstream>
+#include <span>
 #include <string>
 #include <system_error>
 #include <stdlib.h>
@@ -88,5 +91,20 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
+
+/// Writes `bytes` to `path`, replacing what was there; true when every byte was written.
+inline bool write_bytes(const std::filesystem::path& path, std::span<const std::byte> bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  return out.good();
+}
+
+/// The regular files directly in `dir` (not in its subfolders).
+inline std::size_t regular_files_in(const std::filesystem::path& dir) {
+  std::size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.is_regular_file()) ++n;
+  return n;
+}
 
 }  // namespace kvfuse::testing
