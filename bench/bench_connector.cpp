@@ -79,6 +79,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -751,13 +752,34 @@ struct SameShapeLoad {
   }
 };
 
-double timed_same_shape(Lane& lane, const SameShapeLoad& load, BellGroup& group, LoadRequest request,
-                        CompletionRecord& record) noexcept {
-  const auto t0 = Clock::now();
-  lane.submit([&load, req = std::move(request)]() noexcept { load.run(req); });
-  record = group.await_record();
-  return seconds_since(t0);
-}
+/// One same-shape side: its stream, its own BellGroup (scheduler side) and emitter, the
+/// load, and the Lane it runs on (last: its thread starts once the rest exists and stops
+/// before it goes). Not movable (the load points into it).
+struct SameShapeSide {
+  HostRuntime::Stream stream;
+  BellGroup group{SingleRankOptions{1, 4096, {}}};
+  BellGroup::Emitter emitter = group.emitter(0, 0);
+  SameShapeLoad load;
+  Lane lane;
+
+  SameShapeSide(DenseRig& rig, const char* name, std::chrono::nanoseconds spin, std::chrono::nanoseconds poll,
+                std::span<const unsigned> cpus)
+      : stream(rig.rt.make_stream()),
+        load{&rig.tier, &rig.rt, &stream, &rig.geo, rig.blocks.data(), &emitter},
+        lane(name, ConnectorOptions{}.lane_capacity, spin, cpus) {
+    group.set_poll(poll);
+  }
+  SameShapeSide(const SameShapeSide&) = delete;
+  SameShapeSide& operator=(const SameShapeSide&) = delete;
+
+  /// Submit to the lane until the record is drained on this thread; seconds.
+  double timed(LoadRequest request, CompletionRecord& record) noexcept {
+    const auto t0 = Clock::now();
+    lane.submit([this, req = std::move(request)]() noexcept { load.run(req); });
+    record = group.await_record();
+    return seconds_since(t0);
+  }
+};
 
 void BM_DenseVsSameShape(benchmark::State& state) {
   const auto chunks = static_cast<std::uint32_t>(state.range(0));
@@ -774,28 +796,18 @@ void BM_DenseVsSameShape(benchmark::State& state) {
   DenseRig rig(true, 4096, chunks, 4, ConnectorOptions{.lane_spin = spin, .lane_cpus = place.lane_cpus()});
   rig.group.set_poll(poll);
   HostRuntime::Stream hand_stream = rig.rt.make_stream();
-  HostRuntime::Stream lane_stream = rig.rt.make_stream();
-  BellGroup hand_group(SingleRankOptions{1, 4096, {}});
-  hand_group.set_poll(poll);
-  BellGroup::Emitter emitter = hand_group.emitter(0, 0);
-  Lane lane("kvfuse.hand", ConnectorOptions{}.lane_capacity, spin, place.lane_cpus());
-  const SameShapeLoad same{&rig.tier, &rig.rt, &lane_stream, &rig.geo, rig.blocks.data(), &emitter};
+  SameShapeSide same(rig, "kvfuse.hand", spin, poll, place.lane_cpus());
   // The A/A control: a second same-shape load, identical code on a lane of its own. Its
   // ratio to the first is what placement alone does to two equal loads in this run; a
   // target tighter than that spread cannot be judged under this placement.
-  HostRuntime::Stream control_stream = rig.rt.make_stream();
-  BellGroup control_group(SingleRankOptions{1, 4096, {}});
-  control_group.set_poll(poll);
-  BellGroup::Emitter control_emitter = control_group.emitter(0, 0);
-  Lane control_lane("kvfuse.control", ConnectorOptions{}.lane_capacity, spin, place.lane_cpus());
-  const SameShapeLoad control{&rig.tier, &rig.rt, &control_stream, &rig.geo, rig.blocks.data(), &control_emitter};
+  SameShapeSide control(rig, "kvfuse.control", spin, poll, place.lane_cpus());
   const KvSpec& spec = *rig.request.kv;
 
   CompletionRecord rec;
   (void)timed_load(rig.conn, rig.group, rig.request, rec);
   const bool conn_ok = kv_ok(rec) && rig.bytes_arrived();
   std::memset(rig.blocks.data(), 0, rig.blocks.size());
-  (void)timed_same_shape(lane, same, hand_group, rig.request, rec);
+  (void)same.timed(rig.request, rec);
   const bool same_ok = kv_ok(rec) && rig.bytes_arrived();
   if (!conn_ok || !same_ok) {
     state.SkipWithError("warm-up load did not move the bytes");
@@ -820,8 +832,8 @@ void BM_DenseVsSameShape(benchmark::State& state) {
           c = timed_load(rig.conn, rig.group, std::move(copy), rec);
           conn.add(c);
           break;
-        case 1: shape.add(timed_same_shape(lane, same, hand_group, std::move(copy), rec)); break;
-        case 3: aa.add(timed_same_shape(control_lane, control, control_group, std::move(copy), rec)); break;
+        case 1: shape.add(same.timed(std::move(copy), rec)); break;
+        case 3: aa.add(control.timed(std::move(copy), rec)); break;
         default: {
           const auto t0 = Clock::now();
           const bool hand_ok = hand_written_load(rig.tier, rig.rt, hand_stream, rig.geo, spec, rig.blocks.data());
