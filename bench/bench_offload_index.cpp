@@ -22,9 +22,9 @@ namespace {
 
 constexpr std::uint32_t kSlots = 4096;
 
-std::unique_ptr<OffloadIndex<>> make_index(std::size_t indexed) {
+std::unique_ptr<OffloadIndex<>> make_index(std::size_t indexed, std::size_t capacity = std::size_t{1} << 20) {
   OffloadIndexOptions o;
-  o.hash_capacity = std::size_t{1} << 20;
+  o.hash_capacity = capacity;
   o.slot_count = kSlots;
   auto index = std::make_unique<OffloadIndex<>>(o, [](SlotId) {});
   for (std::uint64_t h = 0; h < indexed; ++h) index->note_stored(PrefixHash{h});
@@ -48,18 +48,21 @@ void BM_Stats(benchmark::State& state) {
 }
 BENCHMARK(BM_Stats)->Arg(1 << 10)->Arg(1 << 16)->Arg(1 << 20);
 
-// One joint (state-leg) load admitted, dispatched and completed, against 2^20 indexed
+// One joint (state-leg) load admitted, dispatched and completed, against 2^log2_hashes indexed
 // hashes and 1024 other loads in flight; resolutions drained every 256 pairs, as a
 // scheduler step would. Arg 0: the hash is one of the 4096 most recently stored (hot, the
 // usual case: a prefix stored or loaded recently). Arg 1: the hash is drawn uniformly from
-// all 2^20 (cold: every lookup and LRU relink misses the caches). The hot hashes were
+// all of them (cold: every lookup and LRU relink misses the caches). log2_hashes: 20, the
+// default cap (a 32 MiB table, which a large last-level cache may hold), or 23 (256 MiB,
+// beyond most last-level caches: compare with BM_PointerChase2/MiB:256). The hot hashes were
 // stored one after another at set-up, but the index's hash slots are placed by hash, so
 // they lie scattered over the whole slot array, as any hot set does there (compare the
 // cold pair with BM_PointerChase2, its floor).
 void BM_RequestLoadCompletePair(benchmark::State& state) {
   const bool cold = state.range(0) != 0;
-  constexpr std::uint64_t n = std::uint64_t{1} << 20;
-  auto index = make_index(n);
+  const std::uint64_t n = std::uint64_t{1} << state.range(1);
+  const int shift = 64 - static_cast<int>(state.range(1));
+  auto index = make_index(n, n);
   for (std::uint32_t r = 0; r < 1024; ++r)
     (void)index->request_load(RequestId{(std::uint64_t{1} << 40) + r}, std::nullopt, leg(r, kSlots - 1 - r))
         .ticket()
@@ -69,7 +72,7 @@ void BM_RequestLoadCompletePair(benchmark::State& state) {
   std::uint64_t i = 0;
   for (auto _ : state) {
     const std::uint32_t slot = static_cast<std::uint32_t>(i % 1024);
-    const std::uint64_t hash = cold ? (i * 0x9E3779B97F4A7C15ULL) >> 44 : n - 4096 + (i * 7919) % 4096;
+    const std::uint64_t hash = cold ? (i * 0x9E3779B97F4A7C15ULL) >> shift : n - 4096 + (i * 7919) % 4096;
     LoadAdmission a = index->request_load(RequestId{i}, std::nullopt, leg(hash, slot));
     const LoadRequest req = a.ticket().dispatch();
     benchmark::DoNotOptimize(index->settle(Settlement{req.key, true, false}));
@@ -84,9 +87,10 @@ double min_of(const std::vector<double>& v) { return *std::min_element(v.begin()
 double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
 BENCHMARK(BM_RequestLoadCompletePair)
-    ->ArgName("cold")
-    ->Arg(0)
-    ->Arg(1)
+    ->ArgNames({"cold", "log2_hashes"})
+    ->Args({0, 20})
+    ->Args({1, 20})
+    ->Args({1, 23})
     ->Repetitions(5)
     ->ComputeStatistics("min", min_of)
     ->ComputeStatistics("max", max_of)
@@ -117,10 +121,10 @@ void BM_PointerChase(benchmark::State& state) {
   for (auto _ : state) p = next[p];
   benchmark::DoNotOptimize(p);
 }
-// Both chases: 1 GiB (DRAM plus a page walk) and 32 MiB (the index's own size), five
-// repetitions with their spread.
+// The chases: 1 GiB (DRAM plus a page walk), 256 MiB and 32 MiB (the index's table at 2^23
+// and 2^20 hashes), five repetitions with their spread.
 void chase_args(benchmark::internal::Benchmark* b) {
-  b->ArgName("MiB")->Arg(1024)->Arg(32)->Repetitions(5);
+  b->ArgName("MiB")->Arg(1024)->Arg(256)->Arg(32)->Repetitions(5);
   b->ComputeStatistics("min", min_of)->ComputeStatistics("max", max_of)->ReportAggregatesOnly(true);
 }
 BENCHMARK(BM_PointerChase)->Apply(chase_args);

@@ -236,11 +236,12 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     t.row("stats() with the full audit, 2^20 indexed hashes", m(idx, "BM_Stats/1048576", "real_time"), "ns", "<", 1000)
     t.row("fail 2048 outstanding loads in one step",
           scale(m(idx, "BM_FailAll2048/manual_time", "real_time"), 1e6), "ms", "<", 0.5)
-    pair = "BM_RequestLoadCompletePair/cold:{}/repeats:5_{}"
-    t.row("request_load + settle pair, median (hot hash)", m(idx, pair.format(0, "median"), "real_time"), "ns", "<", 200)
-    t.row("request_load + settle pair, median (cold hash of 2^20)",
-          m(idx, pair.format(1, "median"), "real_time"), "ns", "<=", 250)
-    lo, hi = m(idx, pair.format(1, "min"), "real_time"), m(idx, pair.format(1, "max"), "real_time")
+    pair = "BM_RequestLoadCompletePair/cold:{}/log2_hashes:{}/repeats:5_{}"
+    t.row("request_load + settle pair, median (hot hash)", m(idx, pair.format(0, 20, "median"), "real_time"), "ns", "<",
+          200)
+    cold = m(idx, pair.format(1, 20, "median"), "real_time")
+    t.row("request_load + settle pair, median (cold hash of 2^20)", cold, "ns", "<=", 250)
+    lo, hi = m(idx, pair.format(1, 20, "min"), "real_time"), m(idx, pair.format(1, 20, "max"), "real_time")
     t.row("  cold: fastest repetition", lo, "ns")
     t.row("  cold: slowest repetition", hi, "ns")
     t.row("  cold floor: one dependent DRAM miss (pointer chase, 1 GiB), median",
@@ -248,7 +249,11 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     floor2 = m(idx, "BM_PointerChase2/MiB:32/repeats:5_median", "real_time")
     t.row("  cold floor: two dependent misses in 32 MiB (find the slot, then its LRU neighbours), median",
           floor2, "ns")
-    t.row("  cold pair / that two-miss floor", ratio(m(idx, pair.format(1, "median"), "real_time"), floor2), "x")
+    t.row("  cold pair / that two-miss floor", ratio(cold, floor2), "x")
+    big = m(idx, pair.format(1, 23, "median"), "real_time")
+    t.row("  cold hash of 2^23 (a 256 MiB table, beyond the last-level cache), median", big, "ns")
+    t.row("  that pair / two dependent misses in 256 MiB",
+          ratio(big, m(idx, "BM_PointerChase2/MiB:256/repeats:5_median", "real_time")), "x")
 
     t.section("completion path (kvfuse_bench_completion)")
     t.row("records drained + merged through lane queues and quorum, 8 ranks",
@@ -307,6 +312,8 @@ def report(r: Results, out_dir: str, trace: str) -> int:
           m(conn, f"{dense}/inline:1/chunks:64/placement:0/manual_time", "conn_over_hand"), "x")
     t.row("dense connector / calling-thread hand-written load, 64 x 1 MiB, lanes apart (lane_cpus)",
           m(conn, f"{dense}/inline:1/chunks:64/placement:2/manual_time", "conn_over_hand"), "x", "<=", 1.05)
+    t.row("  the connector's load after a calling-thread copy / after its own (the other CPU's cache)",
+          m(conn, f"{dense}/inline:1/chunks:64/placement:2/manual_time", "after_other_over_steady"), "x")
     t.row("hand-written, sync per chunk / sync once, threaded stream",
           m(conn, f"{dense}/inline:0/chunks:64/placement:0/manual_time", "hand_over_one_sync"), "x")
     same = "BM_DenseVsSameShape"
@@ -319,12 +326,28 @@ def report(r: Results, out_dir: str, trace: str) -> int:
               m(conn, same_name(chunks, 2), "conn_over_same"), "x", "<=", 1.01)
         t.row("  A/A control in the same run: a second same-shape load / the first",
               m(conn, same_name(chunks, 2), "control_over_same"), "x")
+    def in_class(name: str, key: str) -> float | None:
+        value = m(conn, name, key)
+        return value if value else None  # 0: fewer than 30 loads of a side in that class
+
     for chunks in (1, 4, 16, 64):
-        t.row(f"dense connector / same-shape hand-written load, {chunks} x 1 MiB, OS placement",
-              m(conn, same_name(chunks), "conn_over_same"), "x", "<=", 1.01)
-        t.row("  A/A control in the same run: a second same-shape load / the first",
-              m(conn, same_name(chunks), "control_over_same"), "x")
-    t.row("  the same, 1 x 1 MiB, one CPU (placement taken out)", m(conn, same_name(1, 1), "conn_over_same"), "x")
+        name = same_name(chunks)
+        for cls, where in (("together", "on the scheduler's CPU"), ("apart", "on another CPU")):
+            t.row(f"dense connector / same-shape, {chunks} x 1 MiB, OS placement, loads whose lane ran {where}",
+                  in_class(name, f"conn_over_same_{cls}"), "x", "<=", 1.01)
+            t.row("  A/A control, the same loads: a second same-shape load / the first",
+                  in_class(name, f"control_over_same_{cls}"), "x")
+        shares = [m(conn, name, f"apart_share_{side}") for side in ("same", "control")]
+        t.row("  all loads, placement unsorted: dense / same-shape (A/A: "
+              f"{m(conn, name, 'control_over_same') or 0:.3f})", m(conn, name, "conn_over_same"), "x")
+        t.row("  share of loads on another CPU: connector (same-shape "
+              f"{shares[0] or 0:.2f}, control {shares[1] or 0:.2f})", m(conn, name, "apart_share_conn"), "x")
+    for chunks in (1, 16, 64):
+        name = same_name(chunks, 1)
+        t.row(f"dense connector / same-shape, {chunks} x 1 MiB, every thread on one CPU (placement taken out)",
+              m(conn, name, "conn_over_same"), "x")
+        t.row("  same-shape load / calling-thread load, the same (the price of running on a lane, kvfuse or not)",
+              m(conn, name, "same_over_hand"), "x")
     t.row("  same-shape load / calling-thread load, 1 x 1 MiB, OS placement (the hand-off's price)",
           m(conn, same_name(1), "same_over_hand"), "x")
     t.row("  process CPU / wall, 1 x 1 MiB, OS placement, no spin", m(conn, same_name(1), "cpu_per_wall"), "x")
@@ -332,8 +355,12 @@ def report(r: Results, out_dir: str, trace: str) -> int:
                              (50, 50, "lanes spin 50 us + scheduler polls 50 us")):
         for chunks in (1, 4):
             name = same_name(chunks, 0, spin, poll)
-            t.row(f"dense connector / same-shape, {chunks} x 1 MiB, OS placement, {what}",
-                  m(conn, name, "conn_over_same"), "x", "<=", 1.01)
+            for cls, where in (("together", "lane on the scheduler's CPU"), ("apart", "on another CPU")):
+                aa = in_class(name, f"control_over_same_{cls}")
+                t.row(f"dense connector / same-shape, {chunks} x 1 MiB, OS placement, {what}, {where} "
+                      f"(A/A {aa or 0:.3f})", in_class(name, f"conn_over_same_{cls}"), "x", "<=", 1.01)
+            t.row(f"  all loads, placement unsorted (A/A: {m(conn, name, 'control_over_same') or 0:.3f})",
+                  m(conn, name, "conn_over_same"), "x")
             t.row(f"  connector load time (no spin: {m(conn, same_name(chunks), 'conn_us') or 0:.1f} us)",
                   m(conn, name, "conn_us"), "us")
             t.row("  process CPU / wall (2.0 = both CPUs busy)", m(conn, name, "cpu_per_wall"), "x")
