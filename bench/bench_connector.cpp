@@ -901,9 +901,10 @@ void BM_DenseVsSameShape(benchmark::State& state) {
   // lane sides in the next of their 6 start orders, with one untimed load each. Under OS
   // placement where a lane runs depends on when it was started: the kernel places a new
   // thread by the load at that moment and then keeps waking it where it last ran. With one
-  // fixed start order the side started second stayed 2.2-2.4x slower than the others at 1
-  // MiB (whichever side that was, the connector or the A/A control); rotating the start
-  // order gives every side the same draws.
+  // start for the whole run the side started second stayed 2.1-2.4x slower than the others
+  // at 1 MiB (whichever side that was, the connector or the A/A control). Fresh starts in
+  // rotated order spread the draws over every side, but not evenly (two identical sides
+  // still land on another CPU in 0.15 and 0.70 of their loads): hence the placement classes.
   std::array<int, 3> start_order{0, 1, 2};
   auto start_lanes = [&]() {
     control.reset();
