@@ -598,10 +598,13 @@ struct DenseRig {
   BellGroup& group() { return *group_; }
   Dense& conn() { return *conn_; }
 
+  /// Stops the connector's lanes (joins their threads); restart() starts new ones.
+  void stop() { conn_.reset(); }
+
   /// A new connector (and group) on the same tier and blocks: its lanes are new threads,
   /// so under OS placement the kernel draws their CPUs afresh.
   void restart() {
-    conn_.reset();
+    stop();
     group_.emplace(SingleRankOptions{Dense::lane_count, 4096, {}});
     conn_.emplace(geo, rt, DeviceMemory{blocks.data(), nullptr}, PagedKv<HostTier>(tier), NoState{}, *group_, options);
   }
@@ -909,7 +912,7 @@ void BM_DenseVsSameShape(benchmark::State& state) {
   auto start_lanes = [&]() {
     control.reset();
     same.reset();
-    rig.conn_.reset();
+    rig.stop();  // every old lane is gone before the first new one starts
     for (const int side : start_order) {
       if (side == 0) {
         rig.restart();

@@ -321,15 +321,15 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     def same_name(chunks: int, placement: int = 0, spin: int = 0, poll: int = 0) -> str:
         return f"{same}/chunks:{chunks}/placement:{placement}/spin_us:{spin}/poll_us:{poll}/manual_time"
 
+    def in_class(name: str, key: str) -> float | None:
+        value = m(conn, name, key)
+        return value if value else None  # 0: fewer than 30 loads of a side in that class
+
     for chunks in (1, 4, 16, 64):
         t.row(f"dense connector / same-shape hand-written load, {chunks} x 1 MiB, lanes apart (lane_cpus)",
               m(conn, same_name(chunks, 2), "conn_over_same"), "x", "<=", 1.01)
         t.row("  A/A control in the same run: a second same-shape load / the first",
               m(conn, same_name(chunks, 2), "control_over_same"), "x")
-    def in_class(name: str, key: str) -> float | None:
-        value = m(conn, name, key)
-        return value if value else None  # 0: fewer than 30 loads of a side in that class
-
     for chunks in (1, 4, 16, 64):
         name = same_name(chunks)
         for cls, where in (("together", "on the scheduler's CPU"), ("apart", "on another CPU")):
