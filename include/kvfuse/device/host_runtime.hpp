@@ -12,8 +12,8 @@
 //     when the stream's thread reaches that point. Re-recording moves the capture point.
 //   * wait(stream, event) and synchronize(event) refer to the latest record issued at
 //     the time of the call; an event never recorded is already complete.
-//   * host waits (synchronize, device_synchronize) block on a condition variable; no host
-//     wait in this runtime spins (R13). Only a threaded stream's own thread may poll for
+//   * host waits (synchronize, device_synchronize) sleep on a futex (detail::EventCount);
+//     no host wait in this runtime spins (R13). Only a threaded stream's own thread may poll for
 //     its next operation, and only if HostRuntimeOptions::stream_spin asks it to (it
 //     stands in for a GPU's copy engine, which needs no wake-up).
 // An event's completion is tracked as "the highest record that has run". Record one event
@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include <kvfuse/detail/event_count.hpp>
 #include <kvfuse/detail/spin.hpp>
 #include <kvfuse/device/runtime.hpp>
 #include <kvfuse/error.hpp>
@@ -70,7 +71,7 @@ struct HostRuntimeOptions {
   /// what cudaMalloc/hipMalloc guarantee.
   std::size_t alignment = 256;
   /// How long a threaded stream's thread polls for its next operation after running one,
-  /// before it sleeps on its condition variable. 0, the default, never spins. Must be >= 0.
+  /// before it sleeps (a futex). 0, the default, never spins. Must be >= 0.
   /// A copy enqueued while the stream's thread still spins starts without a futex wake-up
   /// (about 5-7 us on a 2-vCPU VM whose other vCPU is halted; bench/README.md). The cost:
   /// every threaded stream keeps a CPU busy for up to this long after each burst of
@@ -211,7 +212,7 @@ class HostStreamState {
       ++tail_;
       enqueued_.store(tail_, std::memory_order_relaxed);
     }
-    has_work_.notify_one();
+    has_work_.notify();
   }
 
   /// Whether everything enqueued so far has run, without waiting. Exact when called by
@@ -221,12 +222,17 @@ class HostStreamState {
     return finished_.load(std::memory_order_acquire) == enqueued_.load(std::memory_order_relaxed);
   }
 
-  /// Host blocks until everything enqueued before the call has run.
+  /// Host blocks until everything enqueued before the call has run. Takes no lock: an
+  /// enqueue that happened before the call is in enqueued_, and finished_ is stored (release)
+  /// after the operation ran, so the bytes a copy wrote are visible on return.
   void drain() noexcept {
     if (mode_ == HostStreamMode::inline_calls) return;
-    std::unique_lock lock(mutex_);
-    const std::uint64_t target = tail_;
-    drained_.wait(lock, [&] { return done_ >= target; });
+    const std::uint64_t target = enqueued_.load(std::memory_order_relaxed);
+    for (;;) {
+      const detail::EventCount::Key key = drained_.prepare_wait();
+      if (finished_.load(std::memory_order_acquire) >= target) return;
+      drained_.wait(key);
+    }
   }
 
  private:
@@ -245,7 +251,13 @@ class HostStreamState {
         lock.lock();
       }
       ran = false;
-      has_work_.wait(lock, [&] { return head_ != tail_ || stopping_.load(std::memory_order_relaxed); });
+      for (;;) {  // the key is taken under the lock, before the ring is seen empty (EventCount)
+        const detail::EventCount::Key key = has_work_.prepare_wait();
+        if (head_ != tail_ || stopping_.load(std::memory_order_relaxed)) break;
+        lock.unlock();
+        has_work_.wait(key);
+        lock.lock();
+      }
       if (head_ == tail_) return;  // stopping and drained
       const HostOp op = ring_[head_ % capacity_];
       ++head_;
@@ -255,7 +267,7 @@ class HostStreamState {
       lock.lock();
       ++done_;
       finished_.store(done_, std::memory_order_release);
-      drained_.notify_all();
+      drained_.notify(false);  // drain() takes no lock, so waking it under ours costs it nothing
       ran = true;
     }
   }
@@ -266,7 +278,7 @@ class HostStreamState {
       std::lock_guard lock(mutex_);
       stopping_.store(true, std::memory_order_relaxed);
     }
-    has_work_.notify_one();
+    has_work_.notify();
     worker_.join();
   }
 
@@ -274,9 +286,9 @@ class HostStreamState {
   const HostStreamMode mode_;
   const std::size_t capacity_;
   std::mutex mutex_;
-  std::condition_variable has_work_;
+  detail::EventCount has_work_;  // the stream's thread sleeps here (see event_count.hpp)
   std::condition_variable has_space_;
-  std::condition_variable drained_;
+  detail::EventCount drained_;   // drain() sleeps here
   std::unique_ptr<HostOp[]> ring_;
   std::uint64_t head_ = 0;  // next op to run
   std::uint64_t tail_ = 0;  // next free slot; ops enqueued so far
@@ -416,7 +428,7 @@ class HostRuntime {
     return true;
   }
 
-  /// Host blocks (condition variable) until every operation enqueued on `stream` before
+  /// Host blocks (a futex, no spinning) until every operation enqueued on `stream` before
   /// the call has run. False for an empty stream.
   bool synchronize(Stream& stream) noexcept {
     if (!stream.valid()) return false;

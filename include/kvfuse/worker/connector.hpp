@@ -35,8 +35,8 @@ struct ConnectorOptions {
   std::size_t staging_bytes = 0;    ///< per-lane staging; 0 = the larger of a KV chunk and a state entry
                                     ///< (StateLeg::entry_bytes), for the rank's geometry
   /// How long the lanes that run loads (the load lane, and the state lane of a composition
-  /// that has one) poll for the next load after finishing one, before they sleep on their
-  /// condition variable (BasicLane's `spin`). 0, the default, never spins: today's
+  /// that has one) poll for the next load after finishing one, before they sleep on a
+  /// futex (BasicLane's `spin`). 0, the default, never spins: today's
   /// behaviour. Must be >= 0.
   ///
   /// What it buys: a load submitted while its lane still spins skips the lane's futex

@@ -14,7 +14,13 @@
 // the task's own guard's business: kvfuse's connector tasks report through a guard
 // object and never let an exception escape it.
 //
-// Spin before sleeping (opt-in; off by default). A lane asleep on its condition variable
+// Sleeping. An idle lane sleeps on a futex (detail::EventCount), not on a condition
+// variable: a glibc condition variable wakes its waiter into a mutex marked contended, and
+// the lane's next unlock then costs a second system call before the task even starts (about
+// 1 us of a 1 MiB load on one CPU, bench/README.md). So a hand-off costs the submitter one
+// futex wake, and the lane one futex wait.
+//
+// Spin before sleeping (opt-in; off by default). A sleeping lane
 // costs a futex wake per hand-off, and on a VM whose other vCPU is halted that wake-up
 // takes 15-25 us (bench/README.md, issue 12). A lane built with spin > 0 polls for new
 // work for up to that long after it ran a task, before it goes back to sleep: a task
@@ -52,6 +58,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <kvfuse/detail/event_count.hpp>
 #include <kvfuse/detail/spin.hpp>
 #include <kvfuse/error.hpp>
 
@@ -137,7 +144,7 @@ class BasicLane {
   /// truncated to 15 characters); `capacity` is the number of task slots, allocated now;
   /// the running task keeps its slot until it returns, so at most `capacity` tasks are
   /// queued or running at once. `spin`: how long the lane polls for new work after it ran
-  /// a task before it sleeps on its condition variable (see the file comment: it trades up
+  /// a task before it sleeps (see the file comment: it trades up
   /// to `spin` of one CPU after every burst of tasks for a wake-up without a futex); 0, the
   /// default, never spins. `cpus`: the CPUs the lane's thread may run on (see the file
   /// comment); empty, the default, leaves placement to the OS.
@@ -189,7 +196,7 @@ class BasicLane {
       }
       push(std::forward<F>(task));
     }
-    has_work_.notify_one();
+    has_work_.notify();
   }
 
   /// Queues `task` if a slot is free; false (task not taken, `task` untouched) if the ring
@@ -202,7 +209,7 @@ class BasicLane {
       if (tail_ - head_ == capacity_) return false;
       push(std::forward<F>(task));
     }
-    has_work_.notify_one();
+    has_work_.notify();
     return true;
   }
 
@@ -261,7 +268,7 @@ class BasicLane {
       std::lock_guard lock(mutex_);
       stopping_.store(true, std::memory_order_relaxed);
     }
-    has_work_.notify_one();
+    has_work_.notify();
     worker_.join();
   }
 
@@ -293,7 +300,15 @@ class BasicLane {
         lock.lock();
       }
       ran = false;
-      has_work_.wait(lock, [&] { return head_ != tail_ || stopping_.load(std::memory_order_relaxed); });
+      // The key is taken under the lock, before the ring is seen empty: a task pushed after
+      // that is notified after it, so wait() returns at once (see detail::EventCount).
+      for (;;) {
+        const detail::EventCount::Key key = has_work_.prepare_wait();
+        if (head_ != tail_ || stopping_.load(std::memory_order_relaxed)) break;
+        lock.unlock();
+        has_work_.wait(key);
+        lock.lock();
+      }
       if (head_ == tail_) return;  // stopping, and nothing left to run
       // The slot at head_ stays ours until head_ moves: submitters never write it.
       detail::TaskSlot<TaskBytes>& slot = slots_[head_ % capacity_];
@@ -323,7 +338,7 @@ class BasicLane {
   const std::size_t capacity_;
   std::unique_ptr<detail::TaskSlot<TaskBytes>[]> slots_;
   std::mutex mutex_;
-  std::condition_variable has_work_;
+  detail::EventCount has_work_;  // the lane sleeps here; not a condition variable (see event_count.hpp)
   std::condition_variable has_space_;
   std::condition_variable idle_;
   std::uint64_t head_ = 0;  // next task to run (guarded by mutex_)
