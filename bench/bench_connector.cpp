@@ -34,7 +34,9 @@
 //       to two identical loads (the A/A spread). placement:1 (1, 16, 64 chunks): every
 //       thread on one CPU, which takes placement out of the comparison. Under OS placement
 //       the ratios are also given per placement class (conn_over_same_together/_apart: the
-//       lane emitted on the scheduler's CPU or another), the target applying within a class.
+//       lane emitted on the scheduler's CPU or another), the target applying within a class,
+//       and within a class hand-off path by hand-off path (BellGroup::found_at_once; the
+//       class's ratio with the paths mixed as drawn is *_mixed). 16 and 64 MiB run 0.5 s.
 //   BM_FixedCost/one_cpu:<0|1>
 //       load() to the record drained for one 4 KiB chunk, split into parts by benchmark-only
 //       wrappers (StampTier, StampRuntime, StampGroup: nothing in include/ is timed): target
@@ -357,6 +359,13 @@ class BellGroup {
   /// The CPU the last record was emitted on (the lane's, at that moment); -1 before any.
   /// Scheduler thread, after await_record.
   [[nodiscard]] int last_emit_cpu() const noexcept { return emit_cpu_.load(std::memory_order_relaxed); }
+  /// Whether the last await_record found its record at the first look: the lane had run the
+  /// whole load before the scheduler thread got back from the hand-off. With both threads on
+  /// one CPU that is the kernel letting the woken lane preempt its waker at once; otherwise
+  /// the scheduler thread went on into the wait (its libstdc++ spin, sched_yield, futex) and
+  /// the lane's doorbell costs a futex wake. Which of the two the kernel picks is per thread
+  /// (EEVDF's state for that lane), not per code. Scheduler thread, after await_record.
+  [[nodiscard]] bool found_at_once() const noexcept { return found_at_once_; }
   template <class Visitor>
   std::size_t drain(Visitor& visitor) noexcept {
     return inner_.drain(visitor);
@@ -384,6 +393,7 @@ class BellGroup {
     RecordSink sink;
     std::uint32_t seen = bell_.load(std::memory_order_acquire);
     std::size_t got = inner_.drain(sink);
+    found_at_once_ = got != 0;
     if (got == 0 && poll_.count() > 0) {
       (void)detail::poll_for(poll_, [&]() noexcept { return bell_.load(std::memory_order_acquire) != seen; });
       got = inner_.drain(sink);
@@ -401,6 +411,7 @@ class BellGroup {
   std::atomic<std::uint32_t> bell_{0};
   std::atomic<int> emit_cpu_{-1};
   std::chrono::nanoseconds poll_{0};
+  bool found_at_once_ = false;
 };
 static_assert(CompletionGroup<BellGroup>);
 
@@ -860,19 +871,51 @@ struct SameShapeSide {
   }
 };
 
-/// One side's load times split by placement class: whether the lane emitted the load's
-/// record on the CPU the scheduler thread is on when it has drained it.
+/// One side's load times split by placement class (whether the lane emitted the load's
+/// record on the CPU the scheduler thread is on when it has drained it: together, or apart)
+/// and, within a class, by the kernel's hand-off path (BellGroup::found_at_once: the lane ran
+/// the load before the scheduler thread looked, or the scheduler thread waited for it).
 struct ByPlace {
-  Samples together, apart;
-  explicit ByPlace(benchmark::IterationCount n) : together(n), apart(n) {}
+  enum Class : std::size_t { together = 0, apart = 1 };
+  enum Path : std::size_t { at_once = 0, waited = 1 };
+  std::array<Samples, 2> all;                   // by class
+  std::array<std::array<Samples, 2>, 2> cells;  // by class, then path
+
+  explicit ByPlace(benchmark::IterationCount n)
+      : all{Samples(n), Samples(n)}, cells{{{Samples(n), Samples(n)}, {Samples(n), Samples(n)}}} {}
   void add(double seconds, const BellGroup& group) {
-    (group.last_emit_cpu() == sched_getcpu() ? together : apart).add(seconds);
+    const Class c = group.last_emit_cpu() == sched_getcpu() ? together : apart;
+    all[c].add(seconds);
+    cells[c][group.found_at_once() ? at_once : waited].add(seconds);
   }
-  [[nodiscard]] double apart_share() const {
-    const std::size_t n = together.size() + apart.size();
-    return n == 0 ? 0 : static_cast<double>(apart.size()) / static_cast<double>(n);
+  [[nodiscard]] double apart_share() const { return share(all[apart].size(), all[together].size()); }
+  /// Within class c: the share of loads the scheduler thread found done at its first look.
+  [[nodiscard]] double at_once_share(Class c) const {
+    return share(cells[c][at_once].size(), cells[c][waited].size());
   }
-  /// a's median over b's; 0 when either class holds fewer than 30 loads (no ratio to give).
+  /// a's median over b's in class c, paths mixed as the kernel drew them for each side; 0
+  /// when either side has fewer than 30 loads there (no ratio to give).
+  static double mixed(ByPlace& a, ByPlace& b, Class c) { return ratio(a.all[c], b.all[c]); }
+  /// a over b in class c path by path: each path's ratio of medians, weighted by the loads
+  /// both sides ran on it (paths where a side has fewer than 30 loads left out; 0 if none is
+  /// left). The two paths differ by a futex wake and a context switch (about a microsecond),
+  /// and two identical sides can draw them in shares 0.2 apart: path by path compares the code.
+  static double matched(ByPlace& a, ByPlace& b, Class c) {
+    double sum = 0, weight = 0;
+    for (const Path p : {at_once, waited}) {
+      const double r = ratio(a.cells[c][p], b.cells[c][p]);
+      if (r == 0) continue;
+      const auto w = static_cast<double>(a.cells[c][p].size() + b.cells[c][p].size());
+      sum += w * r;
+      weight += w;
+    }
+    return weight == 0 ? 0 : sum / weight;
+  }
+
+ private:
+  static double share(std::size_t part, std::size_t rest) {
+    return part + rest == 0 ? 0 : static_cast<double>(part) / static_cast<double>(part + rest);
+  }
   static double ratio(Samples& a, Samples& b) {
     return a.size() < 30 || b.size() < 30 ? 0 : a.median() / b.median();
   }
@@ -922,14 +965,15 @@ void BM_DenseVsSameShape(benchmark::State& state) {
                                              place.lane_cpus());
       }
     }
-    std::next_permutation(start_order.begin(), start_order.end());
+    // One untimed load per side, in the order the sides were started.
     bool warm = true;
-    (void)timed_load(rig.conn(), rig.group(), rig.request, rec);
-    warm = warm && kv_ok(rec);
-    (void)same->timed(rig.request, rec);
-    warm = warm && kv_ok(rec);
-    (void)control->timed(rig.request, rec);
-    return warm && kv_ok(rec);
+    for (const int side : start_order) {
+      (void)(side == 0 ? timed_load(rig.conn(), rig.group(), rig.request, rec)
+                       : (side == 1 ? same : control)->timed(rig.request, rec));
+      warm = warm && kv_ok(rec);
+    }
+    std::next_permutation(start_order.begin(), start_order.end());
+    return warm;
   };
 
   (void)start_lanes();
@@ -1008,10 +1052,16 @@ void BM_DenseVsSameShape(benchmark::State& state) {
   state.counters["conn_over_same"] = conn.median() / shape.median();
   state.counters["control_over_same"] = aa.median() / shape.median();
   state.counters["same_over_hand"] = shape.median() / hand.median();
-  state.counters["conn_over_same_together"] = ByPlace::ratio(conn_at.together, shape_at.together);
-  state.counters["conn_over_same_apart"] = ByPlace::ratio(conn_at.apart, shape_at.apart);
-  state.counters["control_over_same_together"] = ByPlace::ratio(aa_at.together, shape_at.together);
-  state.counters["control_over_same_apart"] = ByPlace::ratio(aa_at.apart, shape_at.apart);
+  for (const auto c : {ByPlace::together, ByPlace::apart}) {
+    const std::string cls = c == ByPlace::together ? "together" : "apart";
+    state.counters["conn_over_same_" + cls] = ByPlace::matched(conn_at, shape_at, c);
+    state.counters["control_over_same_" + cls] = ByPlace::matched(aa_at, shape_at, c);
+    state.counters["conn_over_same_" + cls + "_mixed"] = ByPlace::mixed(conn_at, shape_at, c);
+    state.counters["control_over_same_" + cls + "_mixed"] = ByPlace::mixed(aa_at, shape_at, c);
+    state.counters["at_once_share_" + cls + "_conn"] = conn_at.at_once_share(c);
+    state.counters["at_once_share_" + cls + "_same"] = shape_at.at_once_share(c);
+    state.counters["at_once_share_" + cls + "_control"] = aa_at.at_once_share(c);
+  }
   state.counters["apart_share_conn"] = conn_at.apart_share();
   state.counters["apart_share_same"] = shape_at.apart_share();
   state.counters["apart_share_control"] = aa_at.apart_share();
@@ -1020,19 +1070,27 @@ BENCHMARK(BM_DenseVsSameShape)
     ->ArgNames({"chunks", "placement", "spin_us", "poll_us"})
     ->Args({1, 0, 0, 0})
     ->Args({4, 0, 0, 0})
-    ->Args({16, 0, 0, 0})
-    ->Args({64, 0, 0, 0})
     ->Args({1, 2, 0, 0})
     ->Args({4, 2, 0, 0})
-    ->Args({16, 2, 0, 0})
-    ->Args({64, 2, 0, 0})
     ->Args({1, 1, 0, 0})
-    ->Args({16, 1, 0, 0})
-    ->Args({64, 1, 0, 0})
     ->Args({1, 0, 50, 0})
     ->Args({4, 0, 50, 0})
     ->Args({1, 0, 50, 50})
     ->Args({4, 0, 50, 50})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+// 16 and 64 MiB loads get a longer run than --benchmark_min_time: a side's loads split into
+// two placement classes and two hand-off paths, and a ratio within 1 % needs a few hundred
+// loads in a cell (at 0.1 s a 64 MiB row ran 53 iterations).
+BENCHMARK(BM_DenseVsSameShape)
+    ->ArgNames({"chunks", "placement", "spin_us", "poll_us"})
+    ->Args({16, 0, 0, 0})
+    ->Args({64, 0, 0, 0})
+    ->Args({16, 2, 0, 0})
+    ->Args({64, 2, 0, 0})
+    ->Args({16, 1, 0, 0})
+    ->Args({64, 1, 0, 0})
+    ->MinTime(0.5)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

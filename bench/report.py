@@ -319,7 +319,8 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     same = "BM_DenseVsSameShape"
 
     def same_name(chunks: int, placement: int = 0, spin: int = 0, poll: int = 0) -> str:
-        return f"{same}/chunks:{chunks}/placement:{placement}/spin_us:{spin}/poll_us:{poll}/manual_time"
+        longer = "/min_time:0.500" if chunks >= 16 else ""  # its own MinTime (bench_connector.cpp)
+        return f"{same}/chunks:{chunks}/placement:{placement}/spin_us:{spin}/poll_us:{poll}{longer}/manual_time"
 
     def in_class(name: str, key: str) -> float | None:
         value = m(conn, name, key)
@@ -333,10 +334,16 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     for chunks in (1, 4, 16, 64):
         name = same_name(chunks)
         for cls, where in (("together", "on the scheduler's CPU"), ("apart", "on another CPU")):
-            t.row(f"dense connector / same-shape, {chunks} x 1 MiB, OS placement, loads whose lane ran {where}",
-                  in_class(name, f"conn_over_same_{cls}"), "x", "<=", 1.01)
+            t.row(f"dense connector / same-shape, {chunks} x 1 MiB, OS placement, loads whose lane ran {where}, "
+                  "path by path", in_class(name, f"conn_over_same_{cls}"), "x", "<=", 1.01)
             t.row("  A/A control, the same loads: a second same-shape load / the first",
                   in_class(name, f"control_over_same_{cls}"), "x")
+            once = [m(conn, name, f"at_once_share_{cls}_{side}") or 0 for side in ("conn", "same", "control")]
+            if cls == "together":
+                t.row("  paths mixed as the kernel drew them (record there at the first look: connector "
+                      f"{once[0]:.2f}, same-shape {once[1]:.2f}, control {once[2]:.2f}; A/A "
+                      f"{in_class(name, f'control_over_same_{cls}_mixed') or 0:.3f})",
+                      in_class(name, f"conn_over_same_{cls}_mixed"), "x")
         shares = [m(conn, name, f"apart_share_{side}") for side in ("same", "control")]
         t.row("  all loads, placement unsorted: dense / same-shape (A/A: "
               f"{m(conn, name, 'control_over_same') or 0:.3f})", m(conn, name, "conn_over_same"), "x")
