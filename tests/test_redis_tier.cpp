@@ -7,12 +7,17 @@
 #include <kvfuse/tier/disk_tier.hpp>
 #include <kvfuse/tier/redis_tier.hpp>
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <array>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace kvfuse;
@@ -88,6 +93,38 @@ TEST_CASE("redis tier: a server that cannot be reached is an Error with its addr
   const std::string tcp_error = error_of(o);
   CHECK(tcp_error.find("io_failure") == 0);
   CHECK(tcp_error.find("127.0.0.1:1") != std::string::npos);
+}
+
+TEST_CASE("redis tier: a server that closes while a new connection sends AUTH fails the connect, not the process") {
+  // Not redis: a listener that accepts one connection, reads nothing and closes it after
+  // 50 ms. The 4 MiB password fills the socket's buffer, so the AUTH write is still blocked
+  // when the peer goes: the write fails with EPIPE and the kernel raises SIGPIPE, which
+  // would kill the process (seen in a test whose server was killed while a lane
+  // reconnected). The tier must report a failed connect instead.
+  TempDir dir("kvfuse-redis-closer");
+  const std::string path = (dir.path / "closer.sock").string();
+  const int listener = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  REQUIRE(path.size() < sizeof addr.sun_path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  REQUIRE(::bind(listener, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  std::thread closer([listener] {
+    const int c = ::accept(listener, nullptr, nullptr);
+    std::this_thread::sleep_for(50ms);
+    if (c >= 0) ::close(c);
+  });
+  RedisTierOptions o;
+  o.unix_socket = path;
+  o.password = std::string(std::size_t{4} << 20, 'p');
+  o.connect_timeout = 5000ms;
+  o.command_timeout = 5000ms;
+  const std::string error = error_of(o);
+  closer.join();
+  ::close(listener);
+  CHECK(error.find("io_failure") == 0);
 }
 
 TEST_CASE("redis tier: AUTH and SELECT come from the options and a refusal is an Error") {

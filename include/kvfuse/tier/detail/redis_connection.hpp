@@ -11,9 +11,9 @@
 // replies to its commands may still arrive.
 //
 // SIGPIPE. hiredis writes with write(2); a peer that died would raise SIGPIPE and kill the
-// process. flush blocks SIGPIPE in the calling thread around its writes and consumes one it
-// raised, so the caller sees EPIPE as a failed exchange and the process's signal setup is
-// left alone.
+// process. Every write (send, and the setup commands of a new connection) blocks SIGPIPE in
+// the calling thread around it and consumes one it raised, so the caller sees EPIPE as a
+// failed exchange and the process's signal setup is left alone.
 #pragma once
 
 #include <hiredis/hiredis.h>
@@ -96,6 +96,37 @@ struct Connection {
   [[nodiscard]] bool usable() const noexcept { return ctx != nullptr && ctx->err == 0 && !broken; }
 };
 
+/// Blocks SIGPIPE in this thread while alive; on destruction consumes a SIGPIPE raised
+/// meanwhile (unless one was already pending) and restores the mask.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() noexcept {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+  }
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
+  ~SigpipeBlock() {
+    if (!was_pending_) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        const timespec zero{};
+        (void)sigtimedwait(&pipe_, nullptr, &zero);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+
+ private:
+  sigset_t pipe_{}, old_{};
+  bool was_pending_ = false;
+};
+
 /// Runs one command synchronously on a fresh connection during connect (AUTH, SELECT).
 /// Returns the reply, or null (with `why`) on an I/O error.
 inline Reply setup_command(redisContext* ctx, std::span<const std::string_view> args, std::string* why) {
@@ -105,6 +136,10 @@ inline Reply setup_command(redisContext* ctx, std::span<const std::string_view> 
     argv.push_back(a.data());
     lens.push_back(a.size());
   }
+  // A server that dies between accepting the connection and this write would raise SIGPIPE
+  // here as in send(): seen killing a test process whose server was killed mid-load while a
+  // lane reconnected.
+  SigpipeBlock no_sigpipe;
   Reply r(static_cast<redisReply*>(redisCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data())));
   if (!r && why != nullptr) *why = ctx->errstr;
   return r;
@@ -192,37 +227,6 @@ inline void append_bulk(std::string& out, std::span<const std::string_view> part
   out += "\r\n";
 }
 inline void append_bulk(std::string& out, std::string_view s) { append_bulk(out, std::span<const std::string_view>(&s, 1)); }
-
-/// Blocks SIGPIPE in this thread while alive; on destruction consumes a SIGPIPE raised
-/// meanwhile (unless one was already pending) and restores the mask.
-class SigpipeBlock {
- public:
-  SigpipeBlock() noexcept {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
-    sigset_t pending;
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-  ~SigpipeBlock() {
-    if (!was_pending_) {
-      sigset_t pending;
-      sigpending(&pending);
-      if (sigismember(&pending, SIGPIPE) == 1) {
-        const timespec zero{};
-        (void)sigtimedwait(&pipe_, nullptr, &zero);
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-
- private:
-  sigset_t pipe_{}, old_{};
-  bool was_pending_ = false;
-};
 
 /// Writes every byte of `conn.out` (all the exchange's commands: one write for a small
 /// batch). Any thread; noexcept.
