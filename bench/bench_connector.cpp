@@ -159,6 +159,13 @@ class Samples {
   explicit Samples(benchmark::IterationCount n) { v_.reserve(static_cast<std::size_t>(n)); }
   void add(double seconds) { v_.push_back(seconds); }
   [[nodiscard]] std::size_t size() const noexcept { return v_.size(); }
+  /// Both sets of times in one (after the timed loop: it allocates).
+  [[nodiscard]] static Samples joined(const Samples& a, const Samples& b) {
+    Samples both(static_cast<benchmark::IterationCount>(a.size() + b.size()));
+    both.v_.insert(both.v_.end(), a.v_.begin(), a.v_.end());
+    both.v_.insert(both.v_.end(), b.v_.begin(), b.v_.end());
+    return both;
+  }
   [[nodiscard]] double median() {
     if (v_.empty()) return 0;
     const auto mid = v_.begin() + static_cast<std::ptrdiff_t>(v_.size() / 2);
@@ -878,24 +885,24 @@ struct SameShapeSide {
 struct ByPlace {
   enum Class : std::size_t { together = 0, apart = 1 };
   enum Path : std::size_t { at_once = 0, waited = 1 };
-  std::array<Samples, 2> all;                   // by class
   std::array<std::array<Samples, 2>, 2> cells;  // by class, then path
 
-  explicit ByPlace(benchmark::IterationCount n)
-      : all{Samples(n), Samples(n)}, cells{{{Samples(n), Samples(n)}, {Samples(n), Samples(n)}}} {}
+  explicit ByPlace(benchmark::IterationCount n) : cells{{{Samples(n), Samples(n)}, {Samples(n), Samples(n)}}} {}
   void add(double seconds, const BellGroup& group) {
     const Class c = group.last_emit_cpu() == sched_getcpu() ? together : apart;
-    all[c].add(seconds);
     cells[c][group.found_at_once() ? at_once : waited].add(seconds);
   }
-  [[nodiscard]] double apart_share() const { return share(all[apart].size(), all[together].size()); }
+  [[nodiscard]] double apart_share() const { return share(loads(apart), loads(together)); }
   /// Within class c: the share of loads the scheduler thread found done at its first look.
   [[nodiscard]] double at_once_share(Class c) const {
     return share(cells[c][at_once].size(), cells[c][waited].size());
   }
   /// a's median over b's in class c, paths mixed as the kernel drew them for each side; 0
   /// when either side has fewer than 30 loads there (no ratio to give).
-  static double mixed(ByPlace& a, ByPlace& b, Class c) { return ratio(a.all[c], b.all[c]); }
+  static double mixed(const ByPlace& a, const ByPlace& b, Class c) {
+    Samples in_a = a.in_class(c), in_b = b.in_class(c);
+    return ratio(in_a, in_b);
+  }
   /// a over b in class c path by path: each path's ratio of medians, weighted by the loads
   /// both sides ran on it (paths where a side has fewer than 30 loads left out; 0 if none is
   /// left). The two paths differ by a futex wake and a context switch (about a microsecond),
@@ -913,6 +920,8 @@ struct ByPlace {
   }
 
  private:
+  [[nodiscard]] std::size_t loads(Class c) const { return cells[c][at_once].size() + cells[c][waited].size(); }
+  [[nodiscard]] Samples in_class(Class c) const { return Samples::joined(cells[c][at_once], cells[c][waited]); }
   static double share(std::size_t part, std::size_t rest) {
     return part + rest == 0 ? 0 : static_cast<double>(part) / static_cast<double>(part + rest);
   }

@@ -12,9 +12,9 @@
 //
 // The protocol is the classic event count. The waiter takes a key, checks its condition
 // (under whatever lock guards it), and if there is nothing to do calls wait(key): that
-// returns at once if notify() ran since the key was taken. The notifier publishes the
-// work, then calls notify(), which makes a system call only if a waiter is asleep or on
-// its way to sleep. Both sides' counter updates are sequentially consistent, so either the
+// returns at once if a notify ran since the key was taken (wait_until is that loop). The
+// notifier publishes the work, then calls notify_one or notify_all, which makes a system
+// call only if a waiter is asleep or on its way to sleep. Both sides' counter updates are sequentially consistent, so either the
 // waiter sees the new count and does not sleep, or the notifier sees the waiter and wakes
 // it: no wake-up is lost. wait() may return without a notify (the futex can wake
 // spuriously); callers check their condition in a loop.
@@ -57,28 +57,62 @@ class EventCount {
     sleepers_.fetch_sub(1, std::memory_order_release);
   }
 
-  /// Wakes the waiters whose keys predate this call (all of them: `one` wakes at most one,
-  /// for a single consumer). Makes a system call only if a thread waits. Call after the work
-  /// is published. Any thread; never blocks.
-  void notify(bool one = true) noexcept {
-    epoch_.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers_.load(std::memory_order_seq_cst) != 0) wake(one);
+  /// Blocks until `ready()` is true: takes a key, checks, sleeps, again. `ready` is read
+  /// with no lock held, so what it reads must be atomic (acquire, to see what the notifier
+  /// published). Any thread; blocks.
+  template <class Ready>
+  void wait_until(Ready&& ready) noexcept {
+    for (;;) {
+      const Key key = prepare_wait();
+      if (ready()) return;
+      wait(key);
+    }
   }
 
+  /// The same for a condition guarded by a mutex: `lock` (held on entry and on return) is
+  /// held while `ready()` is checked and released while asleep, as with
+  /// std::condition_variable::wait. The key is taken under the lock, before the condition
+  /// is seen false, so work published (under the lock) after that check is notified after
+  /// the key was taken and the wait returns at once. Any thread; blocks.
+  template <class Lock, class Ready>
+  void wait_until(Lock& lock, Ready&& ready) noexcept {
+    for (;;) {
+      const Key key = prepare_wait();
+      if (ready()) return;
+      lock.unlock();
+      wait(key);
+      lock.lock();
+    }
+  }
+
+  /// Wakes at most one waiter whose key predates this call (for a single consumer). Makes a
+  /// system call only if a thread waits. Call after the work is published. Any thread;
+  /// never blocks.
+  void notify_one() noexcept { notify(1); }
+
+  /// Wakes every waiter whose key predates this call. Makes a system call only if a thread
+  /// waits. Call after the work is published. Any thread; never blocks.
+  void notify_all() noexcept { notify(INT_MAX); }
+
  private:
+  void notify(int waiters) noexcept {
+    epoch_.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers_.load(std::memory_order_seq_cst) != 0) wake(waiters);
+  }
+
 #if defined(__linux__)
   void sleep(Key key) noexcept {
     // EAGAIN (the epoch moved on) and EINTR both return to the caller's loop.
     (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&epoch_), FUTEX_WAIT_PRIVATE, key, nullptr, nullptr, 0);
   }
-  void wake(bool one) noexcept {
-    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&epoch_), FUTEX_WAKE_PRIVATE, one ? 1 : INT_MAX,
-                    nullptr, nullptr, 0);
+  void wake(int waiters) noexcept {
+    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&epoch_), FUTEX_WAKE_PRIVATE, waiters, nullptr,
+                    nullptr, 0);
   }
 #else
   void sleep(Key key) noexcept { epoch_.wait(key, std::memory_order_seq_cst); }
-  void wake(bool one) noexcept {
-    if (one) epoch_.notify_one();
+  void wake(int waiters) noexcept {
+    if (waiters == 1) epoch_.notify_one();
     else epoch_.notify_all();
   }
 #endif

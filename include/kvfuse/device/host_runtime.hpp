@@ -212,7 +212,7 @@ class HostStreamState {
       ++tail_;
       enqueued_.store(tail_, std::memory_order_relaxed);
     }
-    has_work_.notify();
+    has_work_.notify_one();
   }
 
   /// Whether everything enqueued so far has run, without waiting. Exact when called by
@@ -228,11 +228,7 @@ class HostStreamState {
   void drain() noexcept {
     if (mode_ == HostStreamMode::inline_calls) return;
     const std::uint64_t target = enqueued_.load(std::memory_order_relaxed);
-    for (;;) {
-      const detail::EventCount::Key key = drained_.prepare_wait();
-      if (finished_.load(std::memory_order_acquire) >= target) return;
-      drained_.wait(key);
-    }
+    drained_.wait_until([&] { return finished_.load(std::memory_order_acquire) >= target; });
   }
 
  private:
@@ -251,13 +247,7 @@ class HostStreamState {
         lock.lock();
       }
       ran = false;
-      for (;;) {  // the key is taken under the lock, before the ring is seen empty (EventCount)
-        const detail::EventCount::Key key = has_work_.prepare_wait();
-        if (head_ != tail_ || stopping_.load(std::memory_order_relaxed)) break;
-        lock.unlock();
-        has_work_.wait(key);
-        lock.lock();
-      }
+      has_work_.wait_until(lock, [&] { return head_ != tail_ || stopping_.load(std::memory_order_relaxed); });
       if (head_ == tail_) return;  // stopping and drained
       const HostOp op = ring_[head_ % capacity_];
       ++head_;
@@ -267,7 +257,7 @@ class HostStreamState {
       lock.lock();
       ++done_;
       finished_.store(done_, std::memory_order_release);
-      drained_.notify(false);  // drain() takes no lock, so waking it under ours costs it nothing
+      drained_.notify_all();  // drain() takes no lock, so waking it under ours costs it nothing
       ran = true;
     }
   }
@@ -278,7 +268,7 @@ class HostStreamState {
       std::lock_guard lock(mutex_);
       stopping_.store(true, std::memory_order_relaxed);
     }
-    has_work_.notify();
+    has_work_.notify_one();
     worker_.join();
   }
 

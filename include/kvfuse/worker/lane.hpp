@@ -196,7 +196,7 @@ class BasicLane {
       }
       push(std::forward<F>(task));
     }
-    has_work_.notify();
+    has_work_.notify_one();
   }
 
   /// Queues `task` if a slot is free; false (task not taken, `task` untouched) if the ring
@@ -209,7 +209,7 @@ class BasicLane {
       if (tail_ - head_ == capacity_) return false;
       push(std::forward<F>(task));
     }
-    has_work_.notify();
+    has_work_.notify_one();
     return true;
   }
 
@@ -268,7 +268,7 @@ class BasicLane {
       std::lock_guard lock(mutex_);
       stopping_.store(true, std::memory_order_relaxed);
     }
-    has_work_.notify();
+    has_work_.notify_one();
     worker_.join();
   }
 
@@ -300,15 +300,7 @@ class BasicLane {
         lock.lock();
       }
       ran = false;
-      // The key is taken under the lock, before the ring is seen empty: a task pushed after
-      // that is notified after it, so wait() returns at once (see detail::EventCount).
-      for (;;) {
-        const detail::EventCount::Key key = has_work_.prepare_wait();
-        if (head_ != tail_ || stopping_.load(std::memory_order_relaxed)) break;
-        lock.unlock();
-        has_work_.wait(key);
-        lock.lock();
-      }
+      has_work_.wait_until(lock, [&] { return head_ != tail_ || stopping_.load(std::memory_order_relaxed); });
       if (head_ == tail_) return;  // stopping, and nothing left to run
       // The slot at head_ stays ours until head_ moves: submitters never write it.
       detail::TaskSlot<TaskBytes>& slot = slots_[head_ % capacity_];
