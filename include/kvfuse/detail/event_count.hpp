@@ -49,7 +49,7 @@ class EventCount {
   /// Takes a key: call before checking the condition the wait is for. Any thread; wait-free.
   [[nodiscard]] Key prepare_wait() const noexcept { return epoch_.load(std::memory_order_seq_cst); }
 
-  /// Sleeps until notify() ran after `key` was taken; returns at once if it already has.
+  /// Sleeps until a notify ran after `key` was taken; returns at once if it already has.
   /// May return spuriously. Hold no lock the notifier needs. Any thread; blocks.
   void wait(Key key) noexcept {
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
