@@ -389,6 +389,10 @@ class BellGroup {
   void mark_rank_dead(std::uint32_t rank, Sink& sink) {
     inner_.mark_rank_dead(rank, sink);
   }
+  template <class Key, SettlementSink Sink>
+  bool settle_if_unowed(const Key& key, Sink& sink) noexcept {
+    return inner_.settle_if_unowed(key, sink);
+  }
   void mark_rank_alive(std::uint32_t rank, Generation first_counted) { inner_.mark_rank_alive(rank, first_counted); }
   void forget(const LoadKey& key) noexcept { inner_.forget(key); }
   void set_time(std::chrono::steady_clock::time_point now) noexcept { inner_.set_time(now); }

@@ -183,8 +183,7 @@ OffloadIndexOptions index_options() {
 /// The whole engine side, and the producer thread of the `thread` mode.
 struct Rig {
   TpQuorum group{quorum_options()};
-  std::uint64_t slots_released = 0;
-  OffloadIndex<> index{index_options(), [this](SlotId) { ++slots_released; }};
+  OffloadIndex<> index{index_options()};  // the coordinator's Release events free slots
   SettlementPump<TpQuorum, OffloadIndex<>> pump{group, index};
   Ranks ranks;
   TierHoldsPrompt lookup;
@@ -292,7 +291,7 @@ void BM_CoordinatorRequest(benchmark::State& state, RanksMode mode) {
     state.SkipWithError("state left behind: not a steady state");
   else if (released != requests || unparked_total != requests || cs.unparked_with_tokens != requests)
     state.SkipWithError("not every request unparked with tokens and was released");
-  else if (rig.ranks.saves != 0 || ps.late_reports != 0 || rig.slots_released != 0)
+  else if (rig.ranks.saves != 0 || ps.late_reports != 0 || rig.index.stats().slots_released != 0)
     state.SkipWithError("unexpected saves, late reports or orphan slots");
 
   const double n = requests > 0 ? static_cast<double>(requests) : 1.0;

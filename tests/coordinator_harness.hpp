@@ -89,9 +89,8 @@ struct Lookup {
 template <class Conn>
 struct Engine {
   HostRuntime rt;
-  std::vector<SlotId> index_released;
   TpQuorum group{TpQuorumOptions{kWorld, 3, 1024}};
-  OffloadIndex<> index{OffloadIndexOptions{.hash_capacity = 1024, .slot_count = 4}, [this](SlotId s) { index_released.push_back(s); }};
+  OffloadIndex<> index{OffloadIndexOptions{.hash_capacity = 1024, .slot_count = 4}};  // the Release events free slots
   SettlementPump<TpQuorum, OffloadIndex<>> pump{group, index};
   std::vector<std::unique_ptr<Rank<Conn>>> ranks;
   Transport<Conn> transport{&ranks};
@@ -99,7 +98,7 @@ struct Engine {
   Coordinator<TpQuorum, Transport<Conn>, Lookup<Conn>> coord{
       CoordinatorOptions{layout_of<Conn>(), PlanGrids{16, 64}, 0, 64}, index, pump, transport, lookup};
   std::vector<Unpark> unparked;
-  std::vector<RequestId> released;
+  std::vector<Release> released;
 
   Engine() {
     for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, group));
@@ -107,17 +106,28 @@ struct Engine {
   ~Engine() {
     for (auto& rank : ranks) rank->conn.drain();
   }
+  /// One step, collecting its events.
+  void step() {
+    const auto s = coord.step();
+    unparked.insert(unparked.end(), s.unparked.begin(), s.unparked.end());
+    released.insert(released.end(), s.released.begin(), s.released.end());
+  }
+  /// `n` steps, collecting every event (a step's events are only seen here).
+  void steps(int n) {
+    for (int i = 0; i < n; ++i) step();
+  }
   /// Steps until `pred()` (10 s bound), collecting every event.
   template <class Pred>
   bool step_until(Pred pred) {
     return eventually([&] {
-      const auto s = coord.step();
-      unparked.insert(unparked.end(), s.unparked.begin(), s.unparked.end());
-      released.insert(released.end(), s.released.begin(), s.released.end());
+      step();
       return pred();
     });
   }
-  bool was_released(RequestId id) const { return std::find(released.begin(), released.end(), id) != released.end(); }
+  bool was_released(RequestId id) const { return releases_of(id) > 0; }
+  std::size_t releases_of(RequestId id) const {
+    return static_cast<std::size_t>(std::count_if(released.begin(), released.end(), [&](const Release& r) { return r.request == id; }));
+  }
   std::size_t unparks_of(RequestId id) const {
     return static_cast<std::size_t>(std::count_if(unparked.begin(), unparked.end(), [&](const Unpark& u) { return u.request == id; }));
   }

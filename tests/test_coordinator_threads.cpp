@@ -65,7 +65,7 @@ void run_scripted() {
   CHECK(s.holding_now == 0);
   CHECK(s.unparked == 1);
   CHECK(e.unparks_of(RequestId{2}) == 1);
-  CHECK(e.index_released.empty());  // no orphan, no slot held by the index
+  CHECK(e.index.stats().slots_released == 0);  // no orphan, no slot held by the index
   CHECK(check_consistency(e.index).ok);
 }
 
@@ -84,7 +84,7 @@ TEST_CASE("R8 coordinator: an abort while parked never unparks and releases only
   REQUIRE(d.parked);
   e.coord.teardown(RequestId{2});
   CHECK_FALSE(e.coord.is_parked(RequestId{2}));
-  for (int i = 0; i < 20; ++i) (void)e.coord.step();
+  e.steps(20);
   CHECK_FALSE(e.was_released(RequestId{2}));  // rank 3 may still write its blocks and slot
   CHECK(e.coord.stats().holding_now == 1);
   // Rank 3 finally reports (its dispatch arrives late): now the resources come back.
@@ -93,9 +93,77 @@ TEST_CASE("R8 coordinator: an abort while parked never unparks and releases only
   e.ranks[3]->conn.load(*e.transport.last);
   REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}); }));
   CHECK(e.unparks_of(RequestId{2}) == 0);
-  CHECK(e.index_released == std::vector<SlotId>{SlotId{2}});  // the index held the slot for the orphan
+  CHECK(e.released.back() == Release{RequestId{2}, d.admission});  // blocks and slot 2 together, one signal
+  CHECK(e.index.stats().slots_released == 1);  // the index held the slot for the orphan
   CHECK(e.coord.stats().invariant_violations == 0);
   CHECK(e.coord.stats().holding_now == 0);
+}
+
+TEST_CASE("R8 coordinator: a request torn down twice (preempted, then aborted) is released once, after its orphan ends") {
+  Engine<K3> e;
+  const Prompt p(41, 3);
+  save_prompt(e, RequestId{1}, p, 176);
+  e.transport.skip_rank = 3;  // rank 3 has not received the load yet: it will still write the blocks
+  const AdmitDecision d =
+      e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, SlotId{2}});
+  REQUIRE(d.parked);
+  e.coord.teardown(RequestId{2});  // preempted
+  e.coord.teardown(RequestId{2});  // then aborted
+  e.steps(20);
+  CHECK(e.releases_of(RequestId{2}) == 0);  // rank 3 may still write its blocks and slot
+  REQUIRE(e.transport.last.has_value());
+  e.ranks[3]->conn.load(*e.transport.last);
+  REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}); }));
+  e.steps(10);
+  CHECK(e.releases_of(RequestId{2}) == 1);
+  CHECK(e.released.back() == Release{RequestId{2}, d.admission});
+  CHECK(e.coord.stats().invariant_violations == 0);
+}
+
+TEST_CASE("R8 coordinator: each admission of a re-admitted request is released once, under its own admission id") {
+  Engine<K3> e;
+  const Prompt p(43, 3);
+  save_prompt(e, RequestId{1}, p, 176);
+  e.transport.skip_rank = 3;
+  const std::vector<BlockId> first_blocks = block_range(20, 13), second_blocks = block_range(40, 13);
+  const AdmitDecision first =
+      e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, first_blocks, p.checkpoints, SlotId{2}});
+  REQUIRE(first.parked);
+  const LoadRequest first_load = *e.transport.last;
+  e.coord.teardown(RequestId{2});  // preempted while rank 3 still owes its load: the orphan holds blocks 20.. and slot 2
+  e.transport.skip_rank = kWorld;
+  const AdmitDecision second =
+      e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, second_blocks, p.checkpoints, SlotId{3}});
+  REQUIRE(second.parked);
+  CHECK(second.admission != first.admission);
+  REQUIRE(e.step_until([&] { return e.unparks_of(RequestId{2}) == 1; }));
+  e.steps(10);
+  CHECK(e.releases_of(RequestId{2}) == 0);  // the new admission runs; the old orphan is still written
+  e.ranks[3]->conn.load(first_load);        // rank 3 finally runs the old load
+  REQUIRE(e.step_until([&] { return e.releases_of(RequestId{2}) == 1; }));
+  CHECK(e.released.back() == Release{RequestId{2}, first.admission});  // the orphan's resources, not the running ones
+  forward(e, p, second_blocks, SlotId{3}, 176);
+  (void)e.coord.finish(FinishRequest{RequestId{2}, p.tokens, p.keys, second_blocks, Checkpoint{176, p.hash_at(176)}, SlotId{3}});
+  REQUIRE(e.step_until([&] { return e.releases_of(RequestId{2}) == 2 && e.index.stats().saves_outstanding == 0; }));
+  CHECK(e.released.back() == Release{RequestId{2}, second.admission});
+  e.steps(10);
+  CHECK(e.releases_of(RequestId{2}) == 2);
+  CHECK(e.coord.stats().invariant_violations == 0);
+  CHECK(e.coord.stats().holding_now == 0);
+}
+
+TEST_CASE("R8 coordinator: the Release is the one signal that a slot is free: an index with its own callback is refused") {
+  Engine<K3> e;
+  OffloadIndex<> with_callback(OffloadIndexOptions{.hash_capacity = 16, .slot_count = 4}, [](SlotId) {});
+  SettlementPump<TpQuorum, OffloadIndex<>> pump(e.group, with_callback);
+  try {
+    Coordinator<TpQuorum, Transport<K3>, Lookup<K3>> two_owners(
+        CoordinatorOptions{StateLayout::k3_recurrent, PlanGrids{16, 64}, 0, 8}, with_callback, pump, e.transport, e.lookup);
+    FAIL("a Coordinator accepted an index that frees orphan slots through a callback of its own");
+  } catch (const Error& err) {
+    CHECK(err.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(err.what()).find("slot-release callback") != std::string::npos);
+  }
 }
 
 TEST_CASE("R8 coordinator: preempted and re-admitted during its load gets a new generation and unparks once") {
@@ -126,7 +194,7 @@ TEST_CASE("R4 coordinator: a rank that dies mid-load unparks the request to reco
   save_prompt(e, RequestId{1}, p, 176);
   e.transport.skip_rank = 2;
   REQUIRE(e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, SlotId{2}}).parked);
-  for (int i = 0; i < 10; ++i) (void)e.coord.step();
+  e.steps(10);
   CHECK(e.unparks_of(RequestId{2}) == 0);
   e.pump.mark_rank_dead(2);
   REQUIRE(e.step_until([&] { return e.unparks_of(RequestId{2}) == 1; }));
@@ -178,7 +246,7 @@ TEST_CASE("coordinator: a load that never hears back is reported by tick and nev
   save_prompt(e, RequestId{1}, p, 176);
   e.transport.lose_next = true;
   REQUIRE(e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, std::nullopt}).parked);
-  for (int i = 0; i < 5; ++i) (void)e.coord.step();
+  e.steps(5);
   const auto t = e.coord.tick(std::chrono::steady_clock::now() + 1h, 1s, 10min);
   CHECK(t.reclaimed == 0);
   REQUIRE(t.overdue.size() == 1);

@@ -127,6 +127,21 @@ TEST_CASE("R16 no sub owns KV but the state is servable: a live state-only load 
   for (auto& rank : c.e.ranks) CHECK(rank->pools.holds_state(SlotId{3}, p.hash_at(176)));  // restored, not recomputed
 }
 
+TEST_CASE("R16 a state-only plan with no slot is no_slot through a composition too, as through admit") {
+  Composed<K3> c;
+  const Prompt p(31, 3);
+  save_prompt(c.e, RequestId{1}, p, 176);
+  const AdmitRequest req{RequestId{6}, p.tokens, 192, p.keys, block_range(0, 13), p.checkpoints, std::nullopt};
+  const AdmitDecision plain = c.e.coord.admit(req);
+  CHECK_FALSE(plain.parked);
+  CHECK(plain.reason == ComputeReason::no_slot);
+  c.e.coord.teardown(RequestId{6});
+  const AdmitDecision composed = c.e.coord.admit(req, *c.multi, c.tier);
+  CHECK_FALSE(composed.parked);
+  CHECK(composed.reason == ComputeReason::no_slot);
+  CHECK(std::holds_alternative<StateOnlyLoad>(composed.plan));
+}
+
 TEST_CASE("R16 a request torn down during its P/D transfer never unparks and is released when the transfer ends") {
   Composed<Dense> c;
   const Prompt p(29, 3);

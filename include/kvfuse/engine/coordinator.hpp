@@ -5,16 +5,24 @@
 //   admit(request)    plan, take a ticket, dispatch through the engine's transport, park —
 //                     or say "compute now", with the reason
 //   step()            pump records; return who unparks (with the tokens the load claimed,
-//                     0 = recompute) and whose blocks and slot may be freed
+//                     0 = recompute) and which admissions' blocks and slot may be freed
 //   teardown(id)      abort or preemption: orphan the in-flight load; the resources go back
 //                     only when its ranks settle it or reclaim ages it out (R8)
 //   finish(request)   submit the KV save (whole chunks up to the chunk-floored frontier) and
 //                     the state checkpoint; blocks are released on every rank's `released`
+//
+// Admissions. A request keeps its id across preemption and re-admission, but each admit()
+// starts an admission (AdmissionId) with its own block table and slot, and finish() or
+// teardown() ends the request's current one. Each admission is released exactly once, by
+// a Release event naming it, when it ended and nothing touches its resources any more: no
+// load of it in flight (an orphan settled or was reclaimed), no P/D transfer writing its
+// blocks, no save still reading them. The Release is the one "free it" signal for the
+// slot too: the index the Coordinator drives has no slot-release callback of its own.
 //   tick(now)         reclaim aged orphans; report loads in flight past a threshold
 //   admit/step(arbiter)  the same through a composition (Multi): R16 arbitration, P/D transfers
 //
 // It owns no fact the index owns. Its own bookkeeping is the parked table (request ->
-// its one live load key), the requests whose resources wait for their ranks, and the
+// its one live load key), the admissions whose resources wait for their ranks, and the
 // saves in flight; stats() audits, in O(1), that every parked request has exactly one live
 // load in flight and every live load exactly one parked request.
 //
@@ -61,7 +69,7 @@ class Coordinator {
   /// What one step produced. The spans stay valid until the next step() or tick().
   struct StepResult {
     std::span<const Unpark> unparked;        ///< resume these (once each)
-    std::span<const RequestId> released;     ///< free these requests' blocks and slot: no rank reads or writes them
+    std::span<const Release> released;       ///< free these admissions' blocks and slot: no rank reads or writes them
     std::size_t records = 0;                 ///< records the pump drained
   };
 
@@ -72,10 +80,17 @@ class Coordinator {
   };
 
   /// Throws Error(invalid_argument) naming the value when the grids are invalid or the
-  /// layout is unknown.
+  /// layout is unknown, and when `index` was built with a slot-release callback: the
+  /// Coordinator's Release events are the one signal that a slot is free (an orphan's
+  /// included), so a second signal for the same slot cannot exist.
   Coordinator(CoordinatorOptions options, Index& index, Pump& pump, T& transport, L& lookup)
       : options_(validated(options)), index_(index), pump_(pump), transport_(transport), lookup_(lookup) {
+    if (index_.has_slot_release())
+      throw Error(ErrorCode::invalid_argument,
+                  "the Coordinator's OffloadIndex has a slot-release callback: build it without one "
+                  "(OffloadIndex(options)); a Coordinator's Release events return every slot, orphans' included");
     parked_.reserve(options_.expected_requests);
+    admissions_.reserve(options_.expected_requests);
     holding_.reserve(options_.expected_requests);
     saves_.reserve(options_.expected_requests);
     requests_.reserve(options_.expected_requests);
@@ -84,15 +99,22 @@ class Coordinator {
   Coordinator& operator=(const Coordinator&) = delete;
 
   /// Plans the request's load, takes a ticket, dispatches it through the transport and
-  /// parks the request — or says "compute now" with the reason. Every admitted request
-  /// ends with finish() or teardown(), which releases what the coordinator tracks for it.
-  /// A request parked here always has exactly one live load that will settle: a load the
-  /// transport dropped is failed at once and unparks (recompute) on the next step.
-  /// Scheduler thread.
+  /// parks the request — or says "compute now" with the reason. Either way it starts a new
+  /// admission (AdmitDecision::admission), which ends with finish() or teardown() and is
+  /// released once (a Release naming it) when nothing touches its resources. A request
+  /// whose previous admission is still live and not parked (the engine re-admits it without
+  /// a teardown) has that admission ended as by teardown() first. A request parked here
+  /// always has exactly one live load that will settle: a load the transport dropped is
+  /// failed at once and unparks (recompute) on the next step. A request already parked
+  /// starts nothing: `already_parked`, naming the parked admission. Scheduler thread.
   AdmitDecision admit(const AdmitRequest& req) {
     ++counters_.admitted;
     AdmitDecision d;
-    if (parked_.contains(req.id)) return compute(d, ComputeReason::already_parked);
+    if (const auto it = parked_.find(req.id); it != parked_.end()) {
+      d.admission = it->second.admission;
+      return compute(d, ComputeReason::already_parked);
+    }
+    d.admission = start_admission(req.id);
     d.plan = plan(req);
     if (const auto* no = std::get_if<NoLoad>(&d.plan)) {
       d.no_load = no->reason;
@@ -116,7 +138,11 @@ class Coordinator {
   AdmitDecision admit(const AdmitRequest& req, A& arbiter, OffloadSub& tier) {
     ++counters_.admitted;
     AdmitDecision d;
-    if (parked_.contains(req.id)) return compute(d, ComputeReason::already_parked);
+    if (const auto it = parked_.find(req.id); it != parked_.end()) {
+      d.admission = it->second.admission;
+      return compute(d, ComputeReason::already_parked);
+    }
+    d.admission = start_admission(req.id);
     d.plan = plan(req);
     const bool secured = state_boundary(d.plan).has_value() && req.slot.has_value();
     tier.offer = offer_of(d.plan, req.hbm);
@@ -130,13 +156,15 @@ class Coordinator {
       counters_.state_legs_released += secured ? 1 : 0;
       d.parked = true;
       d.claimed_tokens = options_.layout == StateLayout::none ? req.hbm + a.tokens : 0;
-      parked_.emplace(req.id, Parked{LoadKey{}, d.claimed_tokens, false, true});
+      parked_.emplace(req.id, Parked{LoadKey{}, d.claimed_tokens, d.admission, false, true});
       ++counters_.parked;
       ++pd_parked_;
       return d;
     }
     if (a.state == StateDisposition::state_only && std::holds_alternative<StateOnlyLoad>(d.plan))
       return dispatch_plan(req, d);
+    // A plan with a state leg but no slot to restore it into: the same answer as admit().
+    if (state_boundary(d.plan) && !req.slot) return compute(d, ComputeReason::no_slot);
     if (const auto* no = std::get_if<NoLoad>(&d.plan)) d.no_load = no->reason;
     return compute(d, ComputeReason::planned_no_load);
   }
@@ -174,11 +202,17 @@ class Coordinator {
     return 0;
   }
 
-  // A P/D transfer ended: unpark its request (tokens only for a dense model), or release a
-  // torn-down one now that nothing writes its blocks.
+  // A P/D transfer ended: release a torn-down admission of the request now that nothing
+  // writes its blocks (the oldest first: a sub ends one request's transfers in the order
+  // they started), or unpark the request (tokens only for a dense model).
   void on_transfer(RequestId id, bool ok) {
-    if (pd_holding_.erase(id) > 0) {
-      release_when_free(id);
+    if (const auto held = pd_holding_.find(id); held != pd_holding_.end()) {
+      const AdmissionId admission = held->second.front();
+      held->second.erase(held->second.begin());
+      if (held->second.empty()) pd_holding_.erase(held);
+      --pd_held_;
+      admissions_.at(admission).load_held = false;
+      release_if_free(admission);
       return;
     }
     const auto it = parked_.find(id);
@@ -224,7 +258,7 @@ class Coordinator {
     d.claimed_tokens = claimed_tokens(d.plan);
     ++counters_.parked;
     const bool sent = static_cast<bool>(transport_.send(request));
-    parked_.emplace(req.id, Parked{request.key, d.claimed_tokens, !sent});
+    parked_.emplace(req.id, Parked{request.key, d.claimed_tokens, d.admission, !sent});
     if (sent) {
       ++parked_in_flight_;
     } else {
@@ -238,9 +272,9 @@ class Coordinator {
 
  public:
   /// One scheduler step: pumps every rank's records into the index, then turns the index's
-  /// resolutions into Unpark events (each parked request exactly once) and release events
-  /// (torn-down requests whose load ended; finished requests whose save source every rank
-  /// released). Scheduler thread.
+  /// resolutions into Unpark events (each parked request exactly once) and Release events
+  /// (each ended admission exactly once: a torn-down one whose load ended, a finished one
+  /// whose saves' source every rank released). Scheduler thread.
   StepResult step(typename Pump::TimePoint now = Pump::TimePoint::clock::now()) {
     unparked_.clear();
     released_.clear();
@@ -253,70 +287,83 @@ class Coordinator {
     return StepResult{unparked_, released_, pumped.records};
   }
 
-  /// The request was aborted or preempted. A parked request's load is orphaned: the index
-  /// keeps its slot, and its blocks and slot come back as a release event only once its
-  /// ranks settled it or reclaim aged it out (R8) — never while a rank may still write
-  /// them. It never unparks. A request that is not parked is released at once (next step)
-  /// unless a save still reads its blocks. Scheduler thread.
+  /// The request was aborted or preempted: its current admission ends. A parked request's
+  /// load is orphaned: the index keeps its slot, and the admission's blocks and slot come
+  /// back as a Release only once its ranks settled the load or reclaim aged it out (R8) —
+  /// never while a rank may still write them. It never unparks. An admission that is not
+  /// parked is released at the next step, unless a save still reads its blocks. A request
+  /// with no live admission (torn down or finished already, or never admitted) is left
+  /// alone: a second teardown (an abort after a preemption) releases nothing twice.
+  /// Scheduler thread.
   void teardown(RequestId id) {
+    const std::optional<AdmissionId> live = end_live_admission(id);
+    if (!live) return;
+    Admission& a = admissions_.at(*live);
     if (const auto it = parked_.find(id); it != parked_.end()) {
+      ++counters_.torn_down;
       if (it->second.transfer) {
         // A P/D transfer may still write its blocks: they come back when it ends.
         parked_.erase(it);
         --pd_parked_;
-        ++counters_.torn_down;
-        pd_holding_.insert(id);
+        pd_holding_[id].push_back(*live);
+        ++pd_held_;
+        a.load_held = true;
         return;
       }
       const LoadKey key = it->second.key;
       if (!it->second.dropped) --parked_in_flight_;
       parked_.erase(it);
-      ++counters_.torn_down;
       if (index_.orphan(key)) {
-        holding_.emplace(key, id);
-      } else {
-        // Not in flight any more (it resolved inside this step's pump): its resolution is
-        // still queued for the next step, which must not unpark it.
-        torn_down_keys_.push_back(key);
-        release_when_free(id);
+        holding_.emplace(key, *live);
+        a.load_held = true;
+        return;
       }
-      return;
+      // Not in flight any more (it resolved inside this step's pump): its resolution is
+      // still queued for the next step, which must not unpark it.
+      torn_down_keys_.push_back(key);
     }
-    release_when_free(id);
+    release_if_free(*live);
   }
 
-  /// Saves what the request computed: the KV chunks above what the tier already holds up to
-  /// the chunk-floored frontier, and the state checkpoint (stateful models). One save in
-  /// flight per request; skipped while a load for it is in flight. The request's blocks
-  /// (and slot) are released once every rank released the save's source — usually long
-  /// before the save lands. Returns how many saves were sent (0, 1 or 2). Scheduler thread.
+  /// Saves what the request computed and ends its current admission: the KV chunks above
+  /// what the tier already holds up to the chunk-floored frontier, and the state checkpoint
+  /// (stateful models). Skipped while a save of this admission still reads its source. The
+  /// admission's blocks (and slot) come back as a Release once every rank released the
+  /// saves' source — usually long before the saves land. A request still parked is torn
+  /// down instead (its load orphaned, nothing saved); a request with no live admission
+  /// (never admitted) gets one here, so its saves are tracked and it is released like any
+  /// other. Returns how many saves were sent (0, 1 or 2). Scheduler thread.
   std::size_t finish(const FinishRequest& f) {
-    RequestState& rs = requests_[f.id];
-    rs.finished = true;
-    if (parked_.contains(f.id) || rs.saves_in_flight > 0) {
+    if (parked_.contains(f.id)) {
       ++counters_.saves_skipped;
-      if (!parked_.contains(f.id) && rs.saves_in_flight == 0) release_when_free(f.id);
+      teardown(f.id);
       return 0;
     }
+    const std::optional<AdmissionId> live = end_live_admission(f.id);
+    const AdmissionId id = live ? *live : start_admission(f.id, true);
+    Admission& a = admissions_.at(id);
+    RequestState& rs = requests_.at(f.id);
     std::size_t sent = 0;
-    const TokenCount frontier = options_.grids.chunk_grid().floor(f.computed_tokens);
-    const std::uint64_t from = options_.grids.chunk_grid().cell_of(rs.watermark);
-    const std::uint64_t to = options_.grids.chunk_grid().cell_of(frontier);
-    const std::uint64_t blocks_per_chunk = options_.grids.chunk_tokens / options_.grids.block_tokens;
-    if (to > from && to <= f.chunk_keys.size() && to * blocks_per_chunk <= f.blocks.size()) {
-      KvSave save{SaveKey{f.chunk_keys[to - 1], {}},
-                  {f.chunk_keys.begin() + static_cast<std::ptrdiff_t>(from), f.chunk_keys.begin() + static_cast<std::ptrdiff_t>(to)},
-                  {f.blocks.begin() + static_cast<std::ptrdiff_t>(from * blocks_per_chunk),
-                   f.blocks.begin() + static_cast<std::ptrdiff_t>(to * blocks_per_chunk)}};
-      if (submit(f.id, std::move(save))) {
-        ++sent;
-        rs.watermark = frontier;
+    if (a.sources_held == 0) {
+      const TokenCount frontier = options_.grids.chunk_grid().floor(f.computed_tokens);
+      const std::uint64_t from = options_.grids.chunk_grid().cell_of(rs.watermark);
+      const std::uint64_t to = options_.grids.chunk_grid().cell_of(frontier);
+      const std::uint64_t blocks_per_chunk = options_.grids.chunk_tokens / options_.grids.block_tokens;
+      if (to > from && to <= f.chunk_keys.size() && to * blocks_per_chunk <= f.blocks.size()) {
+        KvSave save{SaveKey{f.chunk_keys[to - 1], {}},
+                    {f.chunk_keys.begin() + static_cast<std::ptrdiff_t>(from), f.chunk_keys.begin() + static_cast<std::ptrdiff_t>(to)},
+                    {f.blocks.begin() + static_cast<std::ptrdiff_t>(from * blocks_per_chunk),
+                     f.blocks.begin() + static_cast<std::ptrdiff_t>(to * blocks_per_chunk)}};
+        if (submit(id, std::move(save))) {
+          ++sent;
+          rs.watermark = frontier;
+        }
       }
+      if (options_.layout != StateLayout::none && f.checkpoint && f.slot)
+        sent += submit(id, StateSave{SaveKey{f.checkpoint->hash, {}}, *f.slot, f.checkpoint->boundary}) ? 1 : 0;
     }
-    if (options_.layout != StateLayout::none && f.checkpoint && f.slot)
-      sent += submit(f.id, StateSave{SaveKey{f.checkpoint->hash, {}}, *f.slot, f.checkpoint->boundary}) ? 1 : 0;
     if (sent == 0) ++counters_.saves_skipped;
-    release_when_free(f.id);  // now, or once every rank released the saves' source
+    release_if_free(id);  // now, or once every rank released the saves' source
     return sent;
   }
 
@@ -355,7 +402,7 @@ class Coordinator {
       ++counters_.invariant_violations;
     CoordinatorStats s = counters_;
     s.waiting_now = parked_.size();
-    s.holding_now = holding_.size() + pd_holding_.size();
+    s.holding_now = holding_.size() + pd_held_;
     return s;
   }
 
@@ -368,18 +415,26 @@ class Coordinator {
   struct Parked {
     LoadKey key;
     TokenCount claims = 0;
+    AdmissionId admission;
     bool dropped = false;   // the transport dropped it; the index already failed it
     bool transfer = false;  // parked on a P/D sub's transfer, not on an index load
   };
-  struct RequestState {
-    TokenCount watermark = 0;        // KV below it is known to be in the tier (chunk grid)
-    std::uint32_t saves_in_flight = 0;
-    bool finished = false;
-    bool released_pending = false;   // release once the saves' sources are free
+  // What one admission's resources wait for before they are released.
+  struct Admission {
+    RequestId request;
+    std::uint32_t sources_held = 0;  // its saves whose source some rank may still read
+    bool ended = false;              // finished or torn down: no longer the request's live admission
+    bool load_held = false;          // an orphaned load or a torn-down transfer may still write its resources
     bool pinned = false;             // a save's source could not be confirmed free: never released
   };
+  // What the coordinator knows of a request across its admissions.
+  struct RequestState {
+    TokenCount watermark = 0;         // KV below it is known to be in the tier (chunk grid)
+    std::optional<AdmissionId> live;  // the admission admit() started and nothing ended yet
+    std::uint32_t admissions = 0;     // its admissions not yet released (the live one included)
+  };
   struct SaveOwner {
-    RequestId request;
+    AdmissionId admission;
     bool released = false;  // its `released` phase settled
   };
 
@@ -422,12 +477,50 @@ class Coordinator {
     rs.watermark = std::max(rs.watermark, lookup_tokens);
   }
 
+  // A new admission of `request`: it becomes the request's live one. A live admission it
+  // replaces (re-admitted without a teardown) ends as by teardown() first. `ended`: the
+  // admission finish() makes for a request that was never admitted.
+  AdmissionId start_admission(RequestId request, bool ended = false) {
+    if (!ended) teardown(request);
+    const AdmissionId id{++last_admission_};
+    RequestState& rs = requests_[request];
+    if (!ended) rs.live = id;
+    ++rs.admissions;
+    admissions_.emplace(id, Admission{request, 0, ended, false, false});
+    return id;
+  }
+
+  // Ends the request's live admission and returns it; nothing if it has none.
+  std::optional<AdmissionId> end_live_admission(RequestId request) {
+    const auto it = requests_.find(request);
+    if (it == requests_.end() || !it->second.live) return std::nullopt;
+    const AdmissionId id = *std::exchange(it->second.live, std::nullopt);
+    admissions_.at(id).ended = true;
+    return id;
+  }
+
+  // Releases the admission (next step) if it ended and nothing touches its resources; the
+  // request's state goes with its last admission.
+  void release_if_free(AdmissionId id) {
+    const auto it = admissions_.find(id);
+    if (it == admissions_.end()) return;
+    const Admission& a = it->second;
+    if (!a.ended || a.load_held || a.sources_held > 0) return;
+    const RequestId request = a.request;
+    if (!a.pinned) release_ready_.push_back(Release{request, id});
+    admissions_.erase(it);
+    const auto rs = requests_.find(request);
+    if (rs != requests_.end() && --rs->second.admissions == 0 && !rs->second.live) requests_.erase(rs);
+  }
+
   void on_resolution(const LoadResolution& r) {
     if (r.orphaned) {
-      // A torn-down request's load ended: now no rank writes its blocks or slot.
+      // A torn-down admission's load ended: now no rank writes its blocks or slot.
       if (const auto it = holding_.find(r.key); it != holding_.end()) {
-        release_when_free(it->second);
+        const AdmissionId id = it->second;
         holding_.erase(it);
+        admissions_.at(id).load_held = false;
+        release_if_free(id);
       }
       return;
     }
@@ -460,30 +553,35 @@ class Coordinator {
   void on_save(const SaveSettlement& s) {
     const auto it = saves_.find(s.key);
     if (it == saves_.end()) return;
-    const RequestId id = it->second.request;
+    const AdmissionId id = it->second.admission;
     const bool source_free_now = s.phase == SavePhase::released || !it->second.released;
     if (s.phase == SavePhase::released) it->second.released = true;
     else saves_.erase(it);
-    const auto rs = requests_.find(id);
-    if (rs == requests_.end()) return;
-    if (s.phase == SavePhase::stored && !s.ok) rs->second.watermark = 0;  // the tier may lack these chunks
+    const auto a = admissions_.find(id);
+    if (a == admissions_.end()) return;
+    if (s.phase == SavePhase::stored && !s.ok) {
+      // The tier may lack these chunks: the request saves them again next time.
+      if (const auto rs = requests_.find(a->second.request); rs != requests_.end()) rs->second.watermark = 0;
+    }
     if (s.phase == SavePhase::released && !s.ok) {
       // Some rank could not confirm that nothing reads the source (its device failed to
       // synchronize): the blocks stay pinned for good, visibly, rather than be reused under
       // a copy that may still run.
-      rs->second.pinned = true;
+      a->second.pinned = true;
       ++counters_.sources_pinned;
     }
     // Blocks and slot go back on the released phase (early release), never later than stored.
-    if (source_free_now && --rs->second.saves_in_flight == 0 && rs->second.released_pending) release_now(id, rs->second);
+    if (source_free_now) {
+      --a->second.sources_held;
+      release_if_free(id);
+    }
   }
 
   template <class Save>
-  bool submit(RequestId id, Save save) {
+  bool submit(AdmissionId id, Save save) {
     auto admission = index_.request_save(std::move(save));
     if (!admission) return false;
     Save dispatched = admission.ticket().dispatch();
-    RequestState& rs = requests_[id];
     if (!static_cast<bool>(transport_.send(dispatched))) {
       ++counters_.transport_drops;
       // No rank saw it: its source was never read, and nothing is stored.
@@ -492,26 +590,9 @@ class Coordinator {
       return false;
     }
     ++counters_.saves_submitted;
-    ++rs.saves_in_flight;
+    ++admissions_.at(id).sources_held;
     saves_.emplace(dispatched.key, SaveOwner{id, false});
     return true;
-  }
-
-  // Releases the request's resources now (next step), or once its saves' sources are free.
-  void release_when_free(RequestId id) {
-    RequestState& rs = requests_[id];
-    if (rs.saves_in_flight > 0) {
-      rs.released_pending = true;
-      return;
-    }
-    release_now(id, rs);
-  }
-
-  void release_now(RequestId id, RequestState& rs) {
-    rs.released_pending = false;
-    if (rs.pinned) return;
-    release_ready_.push_back(id);
-    if (rs.finished || !parked_.contains(id)) requests_.erase(id);
   }
 
   CoordinatorOptions options_;
@@ -520,17 +601,19 @@ class Coordinator {
   T& transport_;
   L& lookup_;
   std::unordered_map<RequestId, Parked> parked_;
-  std::unordered_map<LoadKey, RequestId> holding_;  // orphaned load -> torn-down request
+  std::unordered_map<AdmissionId, Admission> admissions_;  // admissions not yet released
+  std::unordered_map<LoadKey, AdmissionId> holding_;  // orphaned load -> torn-down admission
   std::unordered_map<SaveKey, SaveOwner> saves_;
   std::unordered_map<RequestId, RequestState> requests_;
   std::vector<TokenCount> servable_;
   std::vector<Unpark> unparked_;
-  std::vector<RequestId> released_;
-  std::vector<RequestId> release_ready_;  // released since the last step; handed out by the next
+  std::vector<Release> released_;
+  std::vector<Release> release_ready_;  // released since the last step; handed out by the next
   std::vector<LoadKey> torn_down_keys_;
   std::vector<OverdueLoad> overdue_list_;
-  std::uint64_t parked_in_flight_ = 0, pd_parked_ = 0;
-  std::unordered_set<RequestId> pd_holding_;  // torn down while a P/D transfer may still write its blocks
+  std::uint64_t parked_in_flight_ = 0, pd_parked_ = 0, pd_held_ = 0, last_admission_ = 0;
+  // Torn down while a P/D transfer may still write its blocks, oldest first per request.
+  std::unordered_map<RequestId, std::vector<AdmissionId>> pd_holding_;
   mutable CoordinatorStats counters_{};  // the counters; stats() adds the gauges (mutable: its audit counts)
 };
 

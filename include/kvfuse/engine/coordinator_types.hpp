@@ -63,8 +63,9 @@ struct AdmitRequest {
   std::optional<SlotId> slot;               ///< the request's state slot (stateful models)
 };
 
-/// What the engine tells the coordinator when a request finished (or at any point it
-/// wants its progress saved). Spans are read during the call only.
+/// What the engine tells the coordinator when a request finished: finish() saves what it
+/// computed and ends its admission, so its blocks and slot come back as a Release once no
+/// rank reads them. Spans are read during the call only.
 struct FinishRequest {
   RequestId id;
   TokenCount computed_tokens = 0;           ///< the frontier: KV exists for [0, computed_tokens)
@@ -97,9 +98,28 @@ constexpr std::string_view to_string(ComputeReason r) noexcept {
   return "unknown_reason";
 }
 
+/// One admission of a request: admit() starts one, finish() or teardown() ends it. A request
+/// keeps its RequestId across preemption and re-admission; each admission holds its own
+/// block table and slot, so each is released on its own, exactly once, under its own id.
+/// Ids are issued by the Coordinator, from 1, never reused while it lives.
+struct AdmissionId {
+  std::uint64_t value = 0;
+  friend constexpr auto operator<=>(AdmissionId, AdmissionId) noexcept = default;
+};
+
+/// A release event: no rank reads or writes the blocks and slot this admission of this
+/// request held any more (its load ended, its saves' sources were released): the engine
+/// frees them. The only signal an engine under a Coordinator listens to for that.
+struct Release {
+  RequestId request;
+  AdmissionId admission;
+  friend constexpr bool operator==(const Release&, const Release&) = default;
+};
+
 /// The answer of admit(): parked on a load, or compute now.
 struct AdmitDecision {
   bool parked = false;
+  AdmissionId admission{};                ///< the admission this call started (or the parked one: already_parked)
   LoadPlan plan = NoLoad{};
   LoadKey key{};                          ///< the load it waits on (parked only)
   TokenCount claimed_tokens = 0;          ///< what the load gives back if it completes (parked only)
@@ -139,11 +159,11 @@ struct CoordinatorStats {
   std::uint64_t unparked_with_tokens = 0;  ///< ... of which resumed from a load
   std::uint64_t transport_drops = 0;   ///< loads and saves the transport dropped (resolved here)
   std::uint64_t torn_down = 0;         ///< teardown() of a parked request
-  std::uint64_t released = 0;          ///< release events handed out (blocks and slot free)
+  std::uint64_t released = 0;          ///< release events handed out (one per admission: blocks and slot free)
   std::uint64_t saves_submitted = 0;   ///< KV and state saves sent
   std::uint64_t saves_skipped = 0;     ///< finish() that saved nothing: a load or a save in flight, or nothing new
   std::uint64_t waiting_now = 0;       ///< parked requests now
-  std::uint64_t holding_now = 0;       ///< requests whose resources wait for their ranks now
+  std::uint64_t holding_now = 0;       ///< torn-down admissions whose load or transfer may still write their resources now
   std::uint64_t overdue = 0;           ///< loads the last tick() found in flight past the threshold
   std::uint64_t sources_pinned = 0;    ///< saves whose source some rank could not confirm free: kept pinned, never released
   std::uint64_t state_legs_released = 0;  ///< admissions where a P/D sub won and a servable state leg was released (R16)
@@ -151,3 +171,8 @@ struct CoordinatorStats {
 };
 
 }  // namespace kvfuse
+
+template <>
+struct std::hash<kvfuse::AdmissionId> {
+  std::size_t operator()(kvfuse::AdmissionId v) const noexcept { return kvfuse::detail::mix64(v.value); }
+};

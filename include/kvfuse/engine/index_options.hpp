@@ -92,7 +92,7 @@ struct IndexStats {
   std::uint64_t hashes_evicted = 0;    ///< evicted by the LRU cap
   std::uint64_t hashes_retracted = 0;  ///< forgotten because a load reported a genuine miss
   std::uint64_t hashes_dropped = 0;    ///< not indexed for lack of memory
-  std::uint64_t slots_released = 0;    ///< orphan slots returned through the release callback
+  std::uint64_t slots_released = 0;    ///< orphan slots let go (through the release callback, when the index has one)
   std::uint64_t slot_release_errors = 0;  ///< release callbacks that threw
   std::uint64_t invariant_violations = 0;  ///< stats() reads whose audit failed
   std::uint64_t overdue = 0;           ///< loads the last report_overdue() found in flight past its threshold

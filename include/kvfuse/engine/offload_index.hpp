@@ -84,19 +84,30 @@ class OffloadIndex final : private detail::TicketSink {
   using time_point = typename Clock::time_point;
   using duration = typename Clock::duration;
 
-  /// Builds an empty index. `release` returns orphans' slots to the engine's allocator.
-  /// Throws Error(invalid_argument) naming the value when hash_capacity is 0 or above 2^31,
-  /// slot_count is above 2^24, or `release` is empty. Any thread may construct it; from
-  /// then on only the scheduler thread uses it. Destroying it releases no slot (the
-  /// engine is going away) and requires every ticket it issued to be gone.
-  OffloadIndex(OffloadIndexOptions options, SlotRelease release)
+  /// Builds an empty index whose `release` returns orphans' slots to the engine's
+  /// allocator: for an engine that drives the index itself. Throws Error(invalid_argument)
+  /// naming the value when hash_capacity is 0 or above 2^31, slot_count is above 2^24, or
+  /// `release` is empty. Any thread may construct it; from then on only the scheduler
+  /// thread uses it. Destroying it releases no slot (the engine is going away) and
+  /// requires every ticket it issued to be gone.
+  OffloadIndex(OffloadIndexOptions options, SlotRelease release) : OffloadIndex(options) {
+    if (!release) throw Error(ErrorCode::invalid_argument, "OffloadIndex needs a slot-release callback, got an empty one");
+    release_ = std::move(release);
+  }
+
+  /// Builds an empty index with no slot-release callback: the engine learns that an
+  /// orphan's slot is free another way — a Coordinator's Release event (a Coordinator
+  /// requires this form), or the orphaned LoadResolution. Throws as the other constructor
+  /// for bad options.
+  explicit OffloadIndex(OffloadIndexOptions options)
       : options_(validated(options)),
-        release_(std::move(release)),
         hashes_(options_.hash_capacity, options_.preallocate_hashes),
         generations_(options_.last_issued),
-        slot_owner_(options_.slot_count, detail::npos32) {
-    if (!release_) throw Error(ErrorCode::invalid_argument, "OffloadIndex needs a slot-release callback, got an empty one");
-  }
+        slot_owner_(options_.slot_count, detail::npos32) {}
+
+  /// Whether the index calls a slot-release callback for orphans. Any thread that owns it;
+  /// noexcept; O(1).
+  [[nodiscard]] bool has_slot_release() const noexcept { return static_cast<bool>(release_); }
 
   OffloadIndex(const OffloadIndex&) = delete;
   OffloadIndex& operator=(const OffloadIndex&) = delete;
@@ -343,6 +354,31 @@ class OffloadIndex final : private detail::TicketSink {
     }
     overdue_ = n;
     return n;
+  }
+
+  /// Calls visit(const LoadKey&) for every load in flight (dispatched, not resolved;
+  /// orphans included), oldest dispatch first. `visit` must not call back into the index.
+  /// SettlementPump uses it when a rank dies (keys no live rank owes settle then). Scheduler
+  /// thread only; noexcept if `visit` is; O(in flight), counted in walk_steps.
+  template <class F>
+    requires std::invocable<F&, const LoadKey&>
+  void for_each_load_in_flight(F&& visit) const noexcept(std::is_nothrow_invocable_v<F&, const LoadKey&>) {
+    for (std::uint32_t e = flight_.head; e != detail::npos32; e = entries_[e].flight_links.next) {
+      ++own_walks_;
+      visit(entries_[e].key);
+    }
+  }
+
+  /// Calls visit(const SaveKey&) for every save in flight (dispatched, its `stored` phase
+  /// not settled), in no particular order. `visit` must not call back into the index.
+  /// Scheduler thread only; noexcept if `visit` is; O(saves outstanding), counted in
+  /// walk_steps.
+  template <class F>
+    requires std::invocable<F&, const SaveKey&>
+  void for_each_save_in_flight(F&& visit) const noexcept(std::is_nothrow_invocable_v<F&, const SaveKey&>) {
+    saves_.for_each([&](const SaveKey& key, std::uint32_t v) {
+      if ((v & save_dispatched_bit) != 0) visit(key);
+    });
   }
 
   /// The last generation this index issued (to a load or a save). Persist it and pass it
@@ -621,6 +657,7 @@ class OffloadIndex final : private detail::TicketSink {
 
   void release_slot(SlotId slot) noexcept {
     ++slots_released_;
+    if (!release_) return;  // the owner hears of it through the orphaned resolution
     try {
       release_(slot);
     } catch (...) {
