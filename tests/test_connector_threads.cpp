@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -374,20 +375,33 @@ TEST_CASE("R11 a stateful DSV4 load with a nonzero HBM floor is refused") {
   CHECK(rank.pools.slot_is_zero(SlotId{1}));
 }
 
-TEST_CASE("R12 standing staging bytes are lanes x buffer size and allocated at construction") {
+TEST_CASE("R12 standing staging bytes are every lane's buffer, the save lane's sized for a whole save, allocated at construction") {
+  const std::size_t chunk = small_geometry(0, 1).chunk_bytes();
+  const std::size_t save_chunks = ConnectorOptions{}.save_staging_chunks;
+  CHECK(save_chunks == 8);
   SUBCASE("dense: a load lane and a save lane") {
     RealRank<Dense> rank;
     const ConnectorStats s = rank.conn.stats();
     CHECK(s.lanes == 2);
-    CHECK(s.standing_staging_bytes == 2 * rank.pools.geo.chunk_bytes());
+    CHECK(s.standing_staging_bytes == chunk + save_chunks * chunk);
     CHECK(rank.rt.pinned_bytes() == s.standing_staging_bytes);
   }
   SUBCASE("K3: plus a state lane") {
     RealRank<K3> rank;
     const ConnectorStats s = rank.conn.stats();
     CHECK(s.lanes == 3);
-    CHECK(s.standing_staging_bytes == 3 * rank.pools.geo.chunk_bytes());
+    CHECK(s.standing_staging_bytes == 2 * chunk + save_chunks * chunk);
     CHECK(rank.rt.pinned_bytes() == s.standing_staging_bytes);
+  }
+  SUBCASE("save_staging_chunks = 1: every lane the same one-chunk buffer") {
+    HostRuntime rt;
+    SingleRank group;
+    DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+    Mem tier(1 << 20);
+    K3 conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), RecurrentState<Mem>(tier), group,
+            ConnectorOptions{.save_staging_chunks = 1});
+    CHECK(conn.stats().standing_staging_bytes == 3 * chunk);
+    CHECK(rt.pinned_bytes() == conn.stats().standing_staging_bytes);
   }
 }
 
@@ -404,7 +418,7 @@ struct SizelessState {
 /// Builds a `Conn` rank on `g` and returns its standing staging bytes; a stateful one
 /// also stores the checkpoint in slot 0 and restores it into slot 1 through that staging.
 template <class Conn>
-std::size_t standing_staging(const RankGeometry& g) {
+std::size_t standing_staging(const RankGeometry& g, ConnectorOptions options = {}) {
   HostRuntime rt;
   SingleRank group;
   DevicePools<HostRuntime> pools(rt, g);
@@ -413,7 +427,7 @@ std::size_t standing_staging(const RankGeometry& g) {
     if constexpr (Conn::has_state) return typename Conn::state_leg_type(tier);
     else return NoState{};
   };
-  Conn conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), state_leg(), group);
+  Conn conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), state_leg(), group, std::move(options));
   const ConnectorStats stats = conn.stats();
   CHECK(stats.lanes == Conn::lane_count);
   CHECK(rt.pinned_bytes() == stats.standing_staging_bytes);
@@ -436,20 +450,47 @@ std::size_t standing_staging(const RankGeometry& g) {
 }
 }  // namespace
 
-TEST_CASE("R12 staging per lane is the larger of a KV chunk and the preset's state entry") {
+TEST_CASE("R12 staging per lane is the larger of a KV chunk and the preset's state entry, the save lane's at least save_staging_chunks chunks") {
   static_assert(!StateLegFor<SizelessState, HostRuntime>);
   static_assert(sizeof(SlotSidecar) == 24);
-  for (const std::size_t slot_bytes : {std::size_t{512}, std::size_t{4096}}) {  // below and above a chunk
+  for (const std::size_t slot_bytes : {std::size_t{512}, std::size_t{4096}, std::size_t{40000}}) {  // below, above a chunk and above 8
     CAPTURE(slot_bytes);
     RankGeometry g = small_geometry(0, 1);
     g.slot_bytes = slot_bytes;
     const std::size_t chunk = g.chunk_bytes();  // 2048
+    const std::size_t save = 8 * chunk;         // the default save_staging_chunks
     CHECK(RecurrentState<Mem>::entry_bytes(g) == slot_bytes);
     CHECK(SlotState<Mem>::entry_bytes(g) == 24 + slot_bytes);
-    CHECK(standing_staging<Dense>(g) == 2 * chunk);
-    CHECK(standing_staging<Dsv4>(g) == 2 * std::max(chunk, 24 + slot_bytes));
-    CHECK(standing_staging<K3>(g) == 3 * std::max(chunk, slot_bytes));
+    const std::size_t dsv4 = std::max(chunk, 24 + slot_bytes), k3 = std::max(chunk, slot_bytes);
+    CHECK(standing_staging<Dense>(g) == chunk + save);
+    CHECK(standing_staging<Dsv4>(g) == dsv4 + std::max(dsv4, save));
+    CHECK(standing_staging<K3>(g) == 2 * k3 + std::max(k3, save));
+    // One chunk on the save lane: the state entry still fits there.
+    CHECK(standing_staging<Dsv4>(g, ConnectorOptions{.save_staging_chunks = 1}) == 2 * dsv4);
+    CHECK(standing_staging<K3>(g, ConnectorOptions{.save_staging_chunks = 3}) == 2 * k3 + std::max(k3, 3 * chunk));
   }
+}
+
+TEST_CASE("connector: save_staging_chunks of 0, or one whose bytes overflow, is refused naming the option") {
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+  Mem tier(1 << 20);
+  for (const std::size_t chunks : {std::size_t{0}, SIZE_MAX / 1024}) {
+    CAPTURE(chunks);
+    try {
+      Dense conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group,
+                 ConnectorOptions{.save_staging_chunks = chunks});
+      FAIL("a bad save_staging_chunks must be refused");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      const std::string what = e.what();
+      CHECK(what.find("ConnectorOptions::save_staging_chunks") != std::string::npos);
+      CHECK(what.find(std::to_string(chunks)) != std::string::npos);
+    }
+  }
+  CHECK(rt.pinned_bytes() == 0);
+  CHECK_NOTHROW(Dense(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group));  // lanes still free
 }
 
 TEST_CASE("R12 nothing is allocated on the load path") {
@@ -476,6 +517,62 @@ TEST_CASE("R12 nothing is allocated on the load path") {
   REQUIRE(rank.log.loads.size() == 6);
   for (const auto& rec : rank.log.loads) CHECK(rec.state == StateOutcome::restored);
   CHECK(rank.pools.holds_prompt(block_range(8, 4), 0, rank.pools.geo.chunk_tokens));
+}
+
+namespace {
+/// A tier that keeps nothing and allocates nothing: its put checks the bytes are the
+/// chunk written under that key and counts it. A save through it allocates only what the
+/// connector and the leg do.
+struct CheckingTier {
+  const DevicePools<HostRuntime>* pools = nullptr;
+  std::vector<PrefixHash> keys;  // chunk c of the prompt is saved under keys[c]
+  std::atomic<std::uint64_t> good_puts{0}, bad_puts{0};
+  TierView get(const TierKey&, std::span<std::byte>) noexcept { return TierView(GetStatus::miss); }
+  bool put(const TierKey& key, std::span<const std::byte> bytes) noexcept {
+    const RankGeometry& g = pools->geo;
+    bool good = bytes.size() == g.chunk_bytes();
+    const auto at = std::find(keys.begin(), keys.end(), key.hash);
+    const TokenCount c = static_cast<TokenCount>(at - keys.begin());
+    good = good && at != keys.end();
+    for (TokenCount t = 0; good && t < g.chunk_tokens; ++t)
+      for (std::size_t j = 0; j < g.kv_bytes_per_token; ++j)
+        good = good && bytes[t * g.kv_bytes_per_token + j] == kv_byte(0, c * g.chunk_tokens + t, j);
+    (good ? good_puts : bad_puts).fetch_add(1);
+    return true;
+  }
+  bool contains(const TierKey&) const noexcept { return false; }
+  bool erase(const TierKey&) noexcept { return false; }
+};
+}  // namespace
+
+TEST_CASE("R12 a multi-chunk save allocates nothing, gathered whole or in batches") {
+  REQUIRE(detail::AllocationScope::hook_installed());
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+  CheckingTier tier;
+  tier.pools = &pools;
+  tier.keys = chunk_keys(6, 6);
+  const std::vector<BlockId> blocks = block_range(10, 24);
+  pools.write_prompt(blocks, 6 * pools.geo.chunk_tokens);
+  Connector<PagedKv<CheckingTier>, NoState, SingleRank> conn(pools.geo, rt, pools.memory(), PagedKv<CheckingTier>(tier),
+                                                              NoState{}, group, ConnectorOptions{.save_staging_chunks = 4});
+  // 4 chunks fit the save lane's staging; 6 do not (batches of 2 and 4).
+  KvSave fits{SaveKey{tier.keys[3], Generation{1}}, {tier.keys.begin(), tier.keys.begin() + 4}, block_range(10, 16)};
+  KvSave larger{SaveKey{tier.keys[5], Generation{2}}, tier.keys, blocks};
+  {
+    detail::AllocationScope scope;
+    conn.save_kv(std::move(fits));
+    conn.save_kv(std::move(larger));
+    conn.drain();
+    CHECK(scope.all_threads() == 0);
+  }
+  RecordLog log;
+  REQUIRE(drain_until(group, log, [&] { return log.stores.size() == 4; }));
+  for (const SaveRecord& r : log.stores) CHECK(r.ok);
+  CHECK(tier.good_puts.load() == 10);
+  CHECK(tier.bad_puts.load() == 0);
+  CHECK(conn.stats().staging_fallbacks == 1);
 }
 
 TEST_CASE("R13 a step whose event cannot be created still saves through a device synchronize") {

@@ -323,6 +323,7 @@ ConnectorStats connector_stats() {
   s.loads = 7003;
   s.saves = 7004;
   s.fence_fallbacks = 7005;
+  s.staging_fallbacks = 7006;
   return s;
 }
 
@@ -463,6 +464,7 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_connector_loads_total", "", true, uint64_t{7003}},
       {"kvfuse_connector_saves_total", "", true, uint64_t{7004}},
       {"kvfuse_connector_fence_fallbacks_total", "", true, uint64_t{7005}},
+      {"kvfuse_connector_staging_fallbacks_total", "", true, uint64_t{7006}},
 
       {"kvfuse_save_fence_steps_total", "", true, uint64_t{8001}},
       {"kvfuse_save_fence_event_steps_total", "", true, uint64_t{8002}},
@@ -551,7 +553,7 @@ TEST_CASE("prometheus: every field of every stats struct comes back exactly unde
   const std::vector<Expected> expected = expected_samples();
   std::set<std::string> expected_families;
   for (const Expected& e : expected) expected_families.insert(e.family);
-  CHECK(expected_families.size() == 115);
+  CHECK(expected_families.size() == 116);
   CHECK(parsed.families.size() == expected_families.size());
   CHECK(text.family_count() == expected_families.size());
   CHECK(text.sample_count() == expected.size());
@@ -707,7 +709,7 @@ TEST_CASE("prometheus: bad label names and repeated labels and repeated series a
   CHECK(text.family_count() == families);
   text.add(pump_stats().group, {{"group", "second"}});  // a second group, labelled apart
   CHECK(text.family_count() == families);
-  CHECK(text.sample_count() == 5 + 5 + 2 * (15 + 5));  // connector, pump, two groups
+  CHECK(text.sample_count() == 6 + 5 + 2 * (15 + 5));  // connector, pump, two groups
 }
 
 TEST_CASE("prometheus: an empty exposition is empty and write matches str and the content type names version 0.0.4") {

@@ -28,7 +28,7 @@ struct DeviceMemory {
 };
 
 /// A save leg's way to say "nothing reads the source any more" the moment it knows (after
-/// the gather's synchronize, before the tier put), so the engine frees the source blocks
+/// the last gather's synchronize, before the tier puts), so the engine frees the source blocks
 /// long before the store lands (docs/reference.md#save-path). Calls after the first do nothing; a
 /// default-constructed one does nothing at all (load lanes). A leg that never calls it is
 /// still correct: the Connector synchronizes the lane's stream after the leg and releases.
@@ -54,7 +54,10 @@ template <Runtime R>
 struct LaneContext {
   R& runtime;
   typename R::Stream& stream;           ///< the lane's copy stream
-  std::span<std::byte> staging;         ///< the lane's staging buffer (R12: allocated at construction)
+  /// The lane's staging buffer (R12: allocated at construction). The save lane's holds at
+  /// least ConnectorOptions::save_staging_chunks KV chunks, so a save that fits is gathered
+  /// whole before its first put.
+  std::span<std::byte> staging;
   std::span<std::uint8_t> chunk_mask;   ///< per-chunk arrival mask, max_chunks_per_load long
   const RankGeometry& geometry;
   DeviceMemory memory;

@@ -205,10 +205,12 @@ inline constexpr Field<RankQueueStats> queue_fields[] = {
 inline constexpr std::string_view connector_prefix = "kvfuse_connector";
 inline constexpr Field<ConnectorStats> connector_fields[] = {
     gauge<&ConnectorStats::lanes>("lanes", "Lanes the connector runs."),
-    gauge<&ConnectorStats::standing_staging_bytes>("staging_bytes", "Standing staging memory: lanes times the staging buffer."),
+    gauge<&ConnectorStats::standing_staging_bytes>("staging_bytes", "Standing staging memory: every lane's buffer, the save lane's included."),
     counter<&ConnectorStats::loads>("loads", "Loads accepted."),
     counter<&ConnectorStats::saves>("saves", "KV and state saves accepted."),
     counter<&ConnectorStats::fence_fallbacks>("fence_fallbacks", "Steps whose save fence degraded to a device synchronize."),
+    counter<&ConnectorStats::staging_fallbacks>("staging_fallbacks",
+                                                "KV saves larger than the save lane's staging, gathered and put in batches."),
 };
 
 inline constexpr std::string_view save_fence_prefix = "kvfuse_save_fence";
