@@ -73,9 +73,9 @@ struct HostRuntimeOptions {
   /// How long a threaded stream's thread polls for its next operation after running one,
   /// before it sleeps (a futex). 0, the default, never spins. Must be >= 0.
   /// A copy enqueued while the stream's thread still spins starts without a futex wake-up
-  /// (about 5-7 us on a 2-vCPU VM whose other vCPU is halted; bench/README.md). The cost:
-  /// every threaded stream keeps a CPU busy for up to this long after each burst of
-  /// operations. Host waits (synchronize, device_synchronize) never spin, whatever this
+  /// (costly when the stream thread's CPU has gone idle; bench/README.md says how much).
+  /// The cost: every threaded stream keeps a CPU busy for up to this long after each burst
+  /// of operations. Host waits (synchronize, device_synchronize) never spin, whatever this
   /// says (R13). Inline streams have no thread and ignore it.
   std::chrono::nanoseconds stream_spin{0};
 };
