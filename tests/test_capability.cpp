@@ -258,3 +258,35 @@ TEST_CASE("R19 malformed connector configs throw kvfuse::Error naming the value"
                                        ErrorCode::unknown_connector);
   CHECK(contains(unknown, "'Redis'"));
 }
+
+TEST_CASE("R19 a role or layout outside its enum is an Error naming the field and the value") {
+  // Not a quiet answer: KvRole(5) used to come back as a role that both loads and saves.
+  const std::string role = error_of(
+      [] { (void)state_tier_capability(single("offload", static_cast<KvRole>(5), StateLayout::k3_recurrent)); },
+      ErrorCode::invalid_argument);
+  CHECK(contains(role, "kv_role=5"));
+  CHECK(contains(role, "KvRole"));
+  const std::string layout = error_of(
+      [] { check_engine_options(single("offload", KvRole::both, static_cast<StateLayout>(7))); },
+      ErrorCode::invalid_argument);
+  CHECK(contains(layout, "layout=7"));
+  CHECK(contains(layout, "StateLayout"));
+  // Even where the value would not decide anything: no offload connector, pp > 1.
+  error_of([] { (void)state_tier_capability(single("nixl", KvRole::both, static_cast<StateLayout>(3))); },
+           ErrorCode::invalid_argument);
+  error_of([] { (void)state_tier_capability(single("nixl", static_cast<KvRole>(3), StateLayout::none, 4)); },
+           ErrorCode::invalid_argument);
+  // A sub-connector's own role, named with its index and name.
+  const std::string sub = error_of(
+      [] {
+        (void)state_tier_capability(
+            multi("multi", {{"nixl", std::nullopt}, {"LMCacheConnectorV1", static_cast<KvRole>(200)}}, StateLayout::none));
+      },
+      ErrorCode::invalid_argument);
+  CHECK(contains(sub, "subs[1].kv_role=200"));
+  CHECK(contains(sub, "'LMCacheConnectorV1'"));
+  // Every value inside the enums still answers.
+  for (const KvRole r : {KvRole::producer, KvRole::consumer, KvRole::both})
+    for (const StateLayout l : {StateLayout::none, StateLayout::dsv4_slot, StateLayout::k3_recurrent})
+      CHECK_NOTHROW((void)state_tier_capability(single("offload", r, l)));
+}

@@ -151,6 +151,25 @@ TEST_CASE("configured: bad tier settings are invalid_argument naming the field")
   CHECK(configure(d).preset == Preset::dense);
 }
 
+TEST_CASE("configured: an enum value outside its enum is invalid_argument naming the field and the value") {
+  DeploymentOptions o = stateful_options(StateLayout::k3_recurrent);
+  o.engine.layout = static_cast<StateLayout>(7);
+  expect_error(o, ErrorCode::invalid_argument, {"layout=7", "StateLayout"});
+  o = dense_options();
+  o.engine.kv_role = static_cast<KvRole>(5);
+  expect_error(o, ErrorCode::invalid_argument, {"kv_role=5", "KvRole"});
+  o = dense_options();
+  o.engine.connector = "multi";
+  o.engine.subs = {{"nixl", {}}, {"offload", static_cast<KvRole>(5)}};
+  expect_error(o, ErrorCode::invalid_argument, {"subs[1].kv_role=5", "'offload'"});
+  o = dense_options();
+  o.kv_tier.kind = static_cast<TierKind>(9);
+  expect_error(o, ErrorCode::invalid_argument, {"kv_tier.kind=9", "TierKind"});
+  o = stateful_options(StateLayout::dsv4_slot);
+  o.state_tier.kind = static_cast<TierKind>(9);
+  expect_error(o, ErrorCode::invalid_argument, {"state_tier.kind=9", "TierKind"});
+}
+
 // ---- good configs -----------------------------------------------------------------------
 
 TEST_CASE("configured: a plain dense offload config") {

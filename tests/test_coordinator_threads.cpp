@@ -283,4 +283,14 @@ TEST_CASE("coordinator: bad options are a kvfuse::Error naming the value") {
     CHECK(err.code() == ErrorCode::invalid_argument);
     CHECK(std::string(err.what()).find("40") != std::string::npos);
   }
+  try {
+    Coordinator<TpQuorum, Transport<Dense>, Lookup<Dense>> bad(
+        CoordinatorOptions{static_cast<StateLayout>(7), PlanGrids{16, 64}, 0, 8}, e.index, e.pump, t, l);
+    FAIL("a layout outside StateLayout was accepted");
+  } catch (const Error& err) {
+    CHECK(err.code() == ErrorCode::invalid_argument);
+    const std::string what = err.what();
+    CHECK(what.find("layout") != std::string::npos);
+    CHECK(what.find("7") != std::string::npos);
+  }
 }

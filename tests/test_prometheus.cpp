@@ -370,7 +370,7 @@ DiskTierStats disk_tier_stats() {
 }
 
 RedisTierStats redis_tier_stats() {
-  return RedisTierStats{13001, 13002, 13003, 13004, 13005, 13006, 13007, 13008, 13009, 13010, 13011};
+  return RedisTierStats{13001, 13002, 13003, 13004, 13005, 13006, 13007, 13008, 13009, 13010, 13011, 13012};
 }
 
 LoopbackPd::Stats loopback_pd_stats() { return LoopbackPd::Stats{11001, 11002, 11003, 11004}; }
@@ -506,7 +506,8 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_tier_round_trips_total", "redis", true, uint64_t{13008}},
       {"kvfuse_tier_connects_total", "redis", true, uint64_t{13009}},
       {"kvfuse_tier_connect_failures_total", "redis", true, uint64_t{13010}},
-      {"kvfuse_tier_dropped_connections_total", "redis", true, uint64_t{13011}},
+      {"kvfuse_tier_connect_timeouts_total", "redis", true, uint64_t{13011}},
+      {"kvfuse_tier_dropped_connections_total", "redis", true, uint64_t{13012}},
 
       {"kvfuse_loopback_pd_offered_total", "", false, uint64_t{11001}},
       {"kvfuse_loopback_pd_cancelled_total", "", false, uint64_t{11002}},
@@ -553,7 +554,7 @@ TEST_CASE("prometheus: every field of every stats struct comes back exactly unde
   const std::vector<Expected> expected = expected_samples();
   std::set<std::string> expected_families;
   for (const Expected& e : expected) expected_families.insert(e.family);
-  CHECK(expected_families.size() == 116);
+  CHECK(expected_families.size() == 117);
   CHECK(parsed.families.size() == expected_families.size());
   CHECK(text.family_count() == expected_families.size());
   CHECK(text.sample_count() == expected.size());

@@ -53,6 +53,17 @@ constexpr std::string_view to_string(StateLayout l) noexcept {
   return "unknown_layout";
 }
 
+/// Whether `r` / `l` is one of the enum's named values. A value cast from an out-of-range
+/// integer (a config parsed wrongly, a field never set) is none of them, and is refused by
+/// every configuration check rather than read as whatever its comparisons happen to say.
+/// Thread-safe, noexcept.
+constexpr bool is_known(KvRole r) noexcept {
+  return r == KvRole::producer || r == KvRole::consumer || r == KvRole::both;
+}
+constexpr bool is_known(StateLayout l) noexcept {
+  return l == StateLayout::none || l == StateLayout::dsv4_slot || l == StateLayout::k3_recurrent;
+}
+
 /// One sub-connector of a configured multi. `kv_role` empty: the multi's role applies.
 struct SubConnectorOptions {
   std::string name;
@@ -116,7 +127,22 @@ inline OffloadPresence find_offload(const EngineOptions& cfg) {
   return p;
 }
 
+// Refuses an enum field outside its enum, naming the field and the value as a number.
+inline void check_enums(const EngineOptions& cfg) {
+  auto refuse = [](const std::string& what) { throw Error(ErrorCode::invalid_argument, what); };
+  const std::string roles = " is not a KvRole (producer, consumer, both)";
+  if (!is_known(cfg.kv_role)) refuse("kv_role=" + std::to_string(static_cast<unsigned>(cfg.kv_role)) + roles);
+  if (!is_known(cfg.layout))
+    refuse("layout=" + std::to_string(static_cast<unsigned>(cfg.layout)) +
+           " is not a StateLayout (none, dsv4_slot, k3_recurrent)");
+  for (std::size_t i = 0; i < cfg.subs.size(); ++i)
+    if (cfg.subs[i].kv_role && !is_known(*cfg.subs[i].kv_role))
+      refuse("subs[" + std::to_string(i) + "].kv_role=" + std::to_string(static_cast<unsigned>(*cfg.subs[i].kv_role)) +
+             " of sub-connector '" + cfg.subs[i].name + "'" + roles);
+}
+
 inline Capability capability_impl(const EngineOptions& cfg) {
+  check_enums(cfg);
   if (cfg.pipeline_parallel_size == 0)
     throw Error(ErrorCode::invalid_argument, "pipeline_parallel_size must be >= 1, got 0");
   const OffloadPresence p = find_offload(cfg);
@@ -153,7 +179,8 @@ inline Capability capability_impl(const EngineOptions& cfg) {
 /// Error(unsupported_parallelism) naming both values; a config that would host no state
 /// tier (a dense layout, no offload connector) answers under any pp. Throws Error for a
 /// malformed config too: unknown_connector, duplicate_offload, or invalid_argument (pp = 0,
-/// subs on a non-multi, a multi with no subs or a nested multi). No I/O. Thread-safe.
+/// subs on a non-multi, a multi with no subs or a nested multi, a kv_role or layout that is
+/// none of its enum's values, naming the field and the number). No I/O. Thread-safe.
 inline Capability state_tier_capability(const EngineOptions& cfg) { return detail::capability_impl(cfg); }
 
 /// The engine-construction check, run before any rank exists: throws exactly what

@@ -38,8 +38,10 @@
 //
 // The rules, in the order they are applied (the first that decides, wins):
 //   1. Invalid input is refused, never clamped (R11): bad grids, an unknown layout, an empty
-//      prompt, an HBM floor off the block grid (ranks refuse it), a lookup off the chunk grid
-//      (the tier holds whole chunks only) or beyond the prompt.
+//      prompt, a prompt too long for the grids (the chunk holding its last token would end
+//      past 2^64 - 1, so its grid arithmetic cannot be done in a TokenCount), an HBM floor
+//      off the block grid (ranks refuse it), a lookup off the chunk grid (the tier holds
+//      whole chunks only) or beyond the prompt.
 //   2. Dense: end = min(lookup, floor_chunk(P - 1)); no load when lookup <= hbm
 //      (lookup_within_hbm) or end <= hbm (chunk_holds_last_token).
 //   3. Stateful: a boundary is a candidate if it is in the servable list, on the block grid
@@ -134,9 +136,13 @@ enum class NoLoadReason : std::uint8_t {
   dsv4_nonzero_hbm,              ///< DSV4 with hbm > 0 and only boundaries above hbm: ranks refuse the floor
   covering_chunk_beyond_lookup,  ///< stateful: the chunk covering every boundary above hbm is not all in the tier
   load_too_small,                ///< the best load spares fewer than min_load_tokens tokens of prefill
+  /// The chunk holding the prompt's last token would end past 2^64 - 1 (P > the chunk
+  /// grid's max_aligned()): the grids' arithmetic over the prompt cannot be represented, so
+  /// the input is refused (R11) rather than wrapped. Checked right after empty_prompt.
+  prompt_too_long_for_grids,
 };
 /// The highest NoLoadReason value. Keep it last.
-inline constexpr NoLoadReason last_no_load_reason = NoLoadReason::load_too_small;
+inline constexpr NoLoadReason last_no_load_reason = NoLoadReason::prompt_too_long_for_grids;
 
 /// Short, stable name of a NoLoadReason, for engine logs. Constexpr, noexcept, thread-safe.
 constexpr std::string_view to_string(NoLoadReason r) noexcept {
@@ -153,6 +159,7 @@ constexpr std::string_view to_string(NoLoadReason r) noexcept {
     case NoLoadReason::dsv4_nonzero_hbm: return "dsv4_nonzero_hbm";
     case NoLoadReason::covering_chunk_beyond_lookup: return "covering_chunk_beyond_lookup";
     case NoLoadReason::load_too_small: return "load_too_small";
+    case NoLoadReason::prompt_too_long_for_grids: return "prompt_too_long_for_grids";
   }
   return "unknown_no_load_reason";
 }
@@ -196,6 +203,10 @@ constexpr LoadPlan plan_load(const PlanInput& in) noexcept {
   const TokenCount prompt = in.prompt_tokens, hbm = in.hbm, lookup = in.lookup_tokens;
   if (prompt == 0) return NoLoad{NoLoadReason::empty_prompt};
   const TokenGrid blocks = grids.block_grid(), chunks = grids.chunk_grid();
+  // From here on every token count is at most P <= chunks.max_aligned(), so the chunk
+  // covering any of them fits in a TokenCount (and so does the block covering it: the chunk
+  // is a multiple of the block), and no step below can wrap.
+  if (prompt > chunks.max_aligned()) return NoLoad{NoLoadReason::prompt_too_long_for_grids};
   if (!blocks.aligned(hbm)) return NoLoad{NoLoadReason::hbm_off_block_grid};
   if (!chunks.aligned(lookup)) return NoLoad{NoLoadReason::lookup_off_chunk_grid};
   if (lookup > prompt) return NoLoad{NoLoadReason::lookup_beyond_prompt};
@@ -275,7 +286,8 @@ constexpr std::optional<IndexRange> kv_tokens(const LoadPlan& plan) noexcept {
 /// The prompt's chunk indices the KV spec needs: [floor(hbm / chunk), end / chunk), i.e. the
 /// chunks overlapping [hbm, end), first the one containing hbm. KvSpec::chunk_keys is the
 /// engine's per-chunk key vector sliced to this range. Empty for a plan without a KV leg,
-/// or for invalid `grids` (pass the grids the plan was made with). Constexpr, noexcept.
+/// or for invalid `grids` (pass the grids the plan was made with). Never wraps, whatever
+/// the plan holds (TokenGrid::cells_covering is exact up to 2^64 - 1). Constexpr, noexcept.
 constexpr IndexRange chunk_range(const LoadPlan& plan, PlanGrids grids) noexcept {
   const std::optional<IndexRange> tokens = kv_tokens(plan);
   if (!tokens || !grids.valid()) return {};
@@ -285,7 +297,8 @@ constexpr IndexRange chunk_range(const LoadPlan& plan, PlanGrids grids) noexcept
 
 /// The request's block indices the KV spec fills: [hbm / block, end / block), the blocks
 /// covering [hbm, end). KvSpec::blocks is the request's block table sliced to this range.
-/// Empty for a plan without a KV leg, or for invalid `grids`. Constexpr, noexcept.
+/// Empty for a plan without a KV leg, or for invalid `grids`. Never wraps, like chunk_range.
+/// Constexpr, noexcept.
 constexpr IndexRange block_range(const LoadPlan& plan, PlanGrids grids) noexcept {
   const std::optional<IndexRange> tokens = kv_tokens(plan);
   if (!tokens || !grids.valid()) return {};

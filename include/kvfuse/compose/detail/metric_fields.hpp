@@ -261,7 +261,8 @@ inline constexpr Field<RedisTierStats> redis_tier_fields[] = {
     counter<&RedisTierStats::put_failures>("put_failures", "Puts that failed."),
     counter<&RedisTierStats::round_trips>("round_trips", "Exchanges with the server: one per get, batched get, put, contains, erase or SCAN page."),
     counter<&RedisTierStats::connects>("connects", "Connections opened."),
-    counter<&RedisTierStats::connect_failures>("connect_failures", "Connection attempts that failed."),
+    counter<&RedisTierStats::connect_failures>("connect_failures", "Connection attempts that were refused or failed."),
+    counter<&RedisTierStats::connect_timeouts>("connect_timeouts", "Connection attempts the server did not answer in time (a stopped server)."),
     counter<&RedisTierStats::dropped_connections>("dropped_connections", "Connections closed after a failure or timeout, or retired as stale."),
 };
 
