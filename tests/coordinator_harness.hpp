@@ -17,13 +17,6 @@ namespace kvfuse::testing {
 constexpr std::uint32_t kWorld = 4;
 using Mem = MemoryTier<>;
 
-template <class Conn>
-constexpr StateLayout layout_of() {
-  if constexpr (!Conn::has_state) return StateLayout::none;
-  else if constexpr (Conn::ordering == StateOrdering::after_kv) return StateLayout::dsv4_slot;
-  else return StateLayout::k3_recurrent;
-}
-
 /// One rank: pools, its tier, its connector.
 template <class Conn>
 struct Rank {
@@ -96,9 +89,9 @@ struct Engine {
   Transport<Conn> transport{&ranks};
   Lookup<Conn> lookup{&ranks};
   Coordinator<TpQuorum, Transport<Conn>, Lookup<Conn>> coord{
-      CoordinatorOptions{layout_of<Conn>(), PlanGrids{16, 64}, 0, 64}, index, pump, transport, lookup};
+      CoordinatorOptions{Conn::layout, PlanGrids{16, 64}, 0, 64}, index, pump, transport, lookup};
   std::vector<Unpark> unparked;
-  std::vector<Release> released;
+  std::vector<Freed> freed;
 
   Engine() {
     for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, group));
@@ -110,7 +103,7 @@ struct Engine {
   void step() {
     const auto s = coord.step();
     unparked.insert(unparked.end(), s.unparked.begin(), s.unparked.end());
-    released.insert(released.end(), s.released.begin(), s.released.end());
+    freed.insert(freed.end(), s.freed.begin(), s.freed.end());
   }
   /// `n` steps, collecting every event (a step's events are only seen here).
   void steps(int n) {
@@ -124,9 +117,9 @@ struct Engine {
       return pred();
     });
   }
-  bool was_released(RequestId id) const { return releases_of(id) > 0; }
-  std::size_t releases_of(RequestId id) const {
-    return static_cast<std::size_t>(std::count_if(released.begin(), released.end(), [&](const Release& r) { return r.request == id; }));
+  bool was_freed(RequestId id) const { return frees_of(id) > 0; }
+  std::size_t frees_of(RequestId id) const {
+    return static_cast<std::size_t>(std::count_if(freed.begin(), freed.end(), [&](const Freed& r) { return r.request == id; }));
   }
   std::size_t unparks_of(RequestId id) const {
     return static_cast<std::size_t>(std::count_if(unparked.begin(), unparked.end(), [&](const Unpark& u) { return u.request == id; }));
@@ -164,7 +157,7 @@ void save_prompt(Engine<Conn>& e, RequestId id, const Prompt& p, TokenCount boun
   (void)e.coord.admit(AdmitRequest{id, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{0}});
   forward(e, p, blocks, SlotId{0}, boundary);
   (void)e.coord.finish(FinishRequest{id, p.tokens, p.keys, blocks, Checkpoint{boundary, p.hash_at(boundary)}, SlotId{0}});
-  REQUIRE(e.step_until([&] { return e.was_released(id) && e.index.stats().saves_outstanding == 0; }));
+  REQUIRE(e.step_until([&] { return e.was_freed(id) && e.index.stats().saves_outstanding == 0; }));
 }
 
 }  // namespace kvfuse::testing

@@ -54,7 +54,7 @@ TEST_CASE("R14 the capability is decided from config alone with one answer per c
   struct Case {
     const char* what;
     EngineOptions cfg;
-    bool can_save, can_load, kv_can_save, kv_can_load;
+    bool state_can_save, state_can_load, kv_can_save, kv_can_load;
     std::string_view reason_mentions;
   };
   const std::vector<Case> cases = {
@@ -83,11 +83,11 @@ TEST_CASE("R14 the capability is decided from config alone with one answer per c
   for (const Case& c : cases) {
     CAPTURE(c.what);
     const Capability cap = state_tier_capability(c.cfg);
-    CHECK(cap.can_save == c.can_save);
-    CHECK(cap.can_load == c.can_load);
+    CHECK(cap.state_can_save == c.state_can_save);
+    CHECK(cap.state_can_load == c.state_can_load);
     CHECK(cap.kv_can_save == c.kv_can_save);
     CHECK(cap.kv_can_load == c.kv_can_load);
-    CHECK((cap.reason.empty()) == (c.can_save && c.can_load));
+    CHECK((cap.reason.empty()) == (c.state_can_save && c.state_can_load));
     CHECK_MESSAGE(contains(cap.reason, c.reason_mentions), cap.reason);
     CHECK(state_tier_capability(c.cfg) == cap);  // deterministic: the same config, the same answer
   }
@@ -231,8 +231,8 @@ TEST_CASE("R15 a multi spelled as an alias still unwraps its offload sub") {
     CAPTURE(spelling);
     const Capability cap = state_tier_capability(
         multi(spelling, {{"mooncake", KvRole::producer}, {"LMCacheConnectorV1", KvRole::consumer}}, StateLayout::k3_recurrent));
-    CHECK(cap.can_load);
-    CHECK_FALSE(cap.can_save);
+    CHECK(cap.state_can_load);
+    CHECK_FALSE(cap.state_can_save);
     CHECK(cap.kv_can_load);
   }
 }

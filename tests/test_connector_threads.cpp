@@ -41,6 +41,7 @@ struct ScriptedKv {
 /// A concurrent state leg whose behaviour the test scripts.
 struct ScriptedState {
   static constexpr StateOrdering ordering = StateOrdering::concurrent;
+  static constexpr StateLayout layout = StateLayout::k3_recurrent;
   std::function<StateVerdict()> on_load;
   template <Runtime R>
   StateVerdict load(const StateSpec&, const KvSpec*, LaneContext<R>&) {
@@ -409,10 +410,21 @@ namespace {
 /// A concurrent state leg that does not say how big its entries are: not a StateLegFor.
 struct SizelessState {
   static constexpr StateOrdering ordering = StateOrdering::concurrent;
+  static constexpr StateLayout layout = StateLayout::k3_recurrent;
   template <Runtime R>
   StateVerdict load(const StateSpec&, const KvSpec*, LaneContext<R>&) { return {}; }
   template <Runtime R>
   SaveVerdict save(const StateSave&, LaneContext<R>&) { return {}; }
+};
+
+/// A state leg whose layout contradicts its ordering: stateful scheduling, no layout.
+struct MislabelledState : ScriptedState {
+  static constexpr StateLayout layout = StateLayout::none;
+};
+/// No ordering's worth of state, a stateful layout.
+struct MislabelledNoState {
+  static constexpr StateOrdering ordering = StateOrdering::none;
+  static constexpr StateLayout layout = StateLayout::dsv4_slot;
 };
 
 /// Builds a `Conn` rank on `g` and returns its standing staging bytes; a stateful one
@@ -449,6 +461,19 @@ std::size_t standing_staging(const RankGeometry& g, ConnectorOptions options = {
   return stats.standing_staging_bytes;
 }
 }  // namespace
+
+TEST_CASE("policies: every state leg names the model's layout and each preset exposes it, the serial K3 one included") {
+  static_assert(!StateLegFor<MislabelledState, HostRuntime>);
+  static_assert(!StateLegFor<MislabelledNoState, HostRuntime>);
+  static_assert(StateLegFor<ScriptedState, HostRuntime>);
+  static_assert(DenseConnector<Mem, SingleRank>::layout == StateLayout::none);
+  static_assert(Dsv4Connector<Mem, Mem, SingleRank>::layout == StateLayout::dsv4_slot);
+  static_assert(KimiK3Connector<Mem, Mem, SingleRank>::layout == StateLayout::k3_recurrent);
+  // Scheduled like DSV4 (after KV, one lane), planned like K3: the layout is the model's.
+  using Serial = KimiK3SerialConnector<Mem, Mem, SingleRank>;
+  static_assert(Serial::ordering == StateOrdering::after_kv && Serial::layout == StateLayout::k3_recurrent);
+  CHECK(to_string(Serial::layout) == "k3_recurrent");
+}
 
 TEST_CASE("R12 staging per lane is the larger of a KV chunk and the preset's state entry, the save lane's at least save_staging_chunks chunks") {
   static_assert(!StateLegFor<SizelessState, HostRuntime>);

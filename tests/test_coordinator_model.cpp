@@ -7,11 +7,11 @@
 // what the model allows:
 //   - a request unparks only while it is parked, exactly once per admission, with the
 //     tokens its load claimed when the load completed and 0 otherwise;
-//   - an admission's blocks and slot are released only once it ended and no rank can
+//   - an admission's blocks and slot are freed only once it ended and no rank can
 //     still write or read them: no record of any of its loads or saves is still
-//     undelivered from a live rank; each admission is released exactly once, under its id;
+//     undelivered from a live rank; each admission is freed exactly once, under its id;
 //   - at the end, with every record delivered, nothing is parked, nothing is held, and
-//     every admission that ended was released exactly once.
+//     every admission that ended was freed exactly once.
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
@@ -87,7 +87,7 @@ struct ModelRequest {
   TokenCount claims = 0;
   AdmissionId live{};
   ModelAdmission current;
-  std::map<AdmissionId, ModelAdmission> ended;  // released exactly once each, and only when safe
+  std::map<AdmissionId, ModelAdmission> ended;  // freed exactly once each, and only when safe
 };
 
 struct Run {
@@ -151,13 +151,13 @@ struct Run {
       completed += u.kind == Resolution::completed;
       m.state = ModelRequest::State::running;
     }
-    for (const Release& rel : s.released) {
+    for (const Freed& rel : s.freed) {
       ++releases;
       ModelRequest& m = model.at(rel.request.value);
       const auto it = m.ended.find(rel.admission);
       REQUIRE_MESSAGE(it != m.ended.end(), "request " << rel.request.value << " admission " << rel.admission.value
-                                                      << " released unasked (not ended, or twice)");
-      REQUIRE_MESSAGE(!owes(it->second), "request " << rel.request.value << " released while a rank may still touch its memory");
+                                                      << " freed unasked (not ended, or twice)");
+      REQUIRE_MESSAGE(!owes(it->second), "request " << rel.request.value << " freed while a rank may still touch its memory");
       m.ended.erase(it);
     }
   }
@@ -334,7 +334,7 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     CHECK(s.holding_now == 0);
     for (const auto& [r, m] : run.model) {
       CAPTURE(r);
-      CHECK(m.ended.empty());  // every admission that ended was released
+      CHECK(m.ended.empty());  // every admission that ended was freed
       CHECK(m.state != ModelRequest::State::parked);
     }
     const IndexStats is = run.index.stats();
@@ -371,7 +371,7 @@ TEST_CASE("coordinator: a save whose source a rank could not confirm free keeps 
     SaveRecord stored{o.save, o.rank, SavePhase::stored, false, Reason::kv_transfer_failed};
     run.pump.ingest(o.rank, std::span<const SaveRecord>(&stored, 1));
   }
-  for (int i = 0; i < 3; ++i) CHECK(run.coord.step().released.empty());
+  for (int i = 0; i < 3; ++i) CHECK(run.coord.step().freed.empty());
   CHECK(run.coord.stats().sources_pinned == 1);
   CHECK(run.index.stats().saves_outstanding == 0);  // the save itself ended (failed)
 }

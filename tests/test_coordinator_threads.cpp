@@ -31,7 +31,7 @@ void run_scripted() {
                                                          Checkpoint{boundary, p.hash_at(boundary)}, SlotId{0}});
   CHECK(sent == (Conn::has_state ? 2u : 1u));
   // Early release: the blocks come back once every rank released the source.
-  REQUIRE(e.step_until([&] { return e.was_released(RequestId{1}); }));
+  REQUIRE(e.step_until([&] { return e.was_freed(RequestId{1}); }));
   REQUIRE(e.step_until([&] { return e.index.stats().saves_outstanding == 0; }));
   CHECK(e.index.stats().saves_stored == sent);
   if constexpr (Conn::has_state) CHECK(e.index.could_serve(p.hash_at(boundary)));
@@ -58,14 +58,14 @@ void run_scripted() {
   // Finish request 2: everything it could save is in the tier already (watermark), so
   // only the checkpoint is saved again (stateful), and the blocks come back.
   e.coord.finish(FinishRequest{RequestId{2}, p.tokens, p.keys, second_blocks, Checkpoint{boundary, p.hash_at(boundary)}, SlotId{2}});
-  REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}) && e.index.stats().saves_outstanding == 0; }));
+  REQUIRE(e.step_until([&] { return e.was_freed(RequestId{2}) && e.index.stats().saves_outstanding == 0; }));
   const CoordinatorStats s = e.coord.stats();
   CHECK(s.invariant_violations == 0);
   CHECK(s.waiting_now == 0);
   CHECK(s.holding_now == 0);
   CHECK(s.unparked == 1);
   CHECK(e.unparks_of(RequestId{2}) == 1);
-  CHECK(e.index.stats().slots_released == 0);  // no orphan, no slot held by the index
+  CHECK(e.index.stats().slots_freed == 0);  // no orphan, no slot held by the index
   CHECK(check_consistency(e.index).ok);
 }
 
@@ -75,7 +75,7 @@ TEST_CASE("coordinator: a K3 prompt is saved and loads back with a joint load th
 TEST_CASE("coordinator: a DSV4 prompt is saved and loads back with a joint load that claims B") { run_scripted<Dsv4>(); }
 TEST_CASE("coordinator: a dense prompt is saved and loads back whole chunks") { run_scripted<Dense>(); }
 
-TEST_CASE("R8 coordinator: an abort while parked never unparks and releases only after the ranks settled") {
+TEST_CASE("R8 coordinator: an abort while parked never unparks and is freed only after the ranks settled") {
   Engine<K3> e;
   const Prompt p(9, 3);
   save_prompt(e, RequestId{1}, p, 176);
@@ -85,21 +85,21 @@ TEST_CASE("R8 coordinator: an abort while parked never unparks and releases only
   e.coord.teardown(RequestId{2});
   CHECK_FALSE(e.coord.is_parked(RequestId{2}));
   e.steps(20);
-  CHECK_FALSE(e.was_released(RequestId{2}));  // rank 3 may still write its blocks and slot
+  CHECK_FALSE(e.was_freed(RequestId{2}));  // rank 3 may still write its blocks and slot
   CHECK(e.coord.stats().holding_now == 1);
   // Rank 3 finally reports (its dispatch arrives late): now the resources come back.
   REQUIRE(e.transport.last.has_value());
   CHECK(e.transport.last->key == d.key);
   e.ranks[3]->conn.load(*e.transport.last);
-  REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}); }));
+  REQUIRE(e.step_until([&] { return e.was_freed(RequestId{2}); }));
   CHECK(e.unparks_of(RequestId{2}) == 0);
-  CHECK(e.released.back() == Release{RequestId{2}, d.admission});  // blocks and slot 2 together, one signal
-  CHECK(e.index.stats().slots_released == 1);  // the index held the slot for the orphan
+  CHECK(e.freed.back() == Freed{RequestId{2}, d.admission});  // blocks and slot 2 together, one signal
+  CHECK(e.index.stats().slots_freed == 1);  // the index held the slot for the orphan
   CHECK(e.coord.stats().invariant_violations == 0);
   CHECK(e.coord.stats().holding_now == 0);
 }
 
-TEST_CASE("R8 coordinator: a request torn down twice (preempted, then aborted) is released once, after its orphan ends") {
+TEST_CASE("R8 coordinator: a request torn down twice (preempted, then aborted) is freed once, after its orphan ends") {
   Engine<K3> e;
   const Prompt p(41, 3);
   save_prompt(e, RequestId{1}, p, 176);
@@ -110,17 +110,17 @@ TEST_CASE("R8 coordinator: a request torn down twice (preempted, then aborted) i
   e.coord.teardown(RequestId{2});  // preempted
   e.coord.teardown(RequestId{2});  // then aborted
   e.steps(20);
-  CHECK(e.releases_of(RequestId{2}) == 0);  // rank 3 may still write its blocks and slot
+  CHECK(e.frees_of(RequestId{2}) == 0);  // rank 3 may still write its blocks and slot
   REQUIRE(e.transport.last.has_value());
   e.ranks[3]->conn.load(*e.transport.last);
-  REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}); }));
+  REQUIRE(e.step_until([&] { return e.was_freed(RequestId{2}); }));
   e.steps(10);
-  CHECK(e.releases_of(RequestId{2}) == 1);
-  CHECK(e.released.back() == Release{RequestId{2}, d.admission});
+  CHECK(e.frees_of(RequestId{2}) == 1);
+  CHECK(e.freed.back() == Freed{RequestId{2}, d.admission});
   CHECK(e.coord.stats().invariant_violations == 0);
 }
 
-TEST_CASE("R8 coordinator: each admission of a re-admitted request is released once, under its own admission id") {
+TEST_CASE("R8 coordinator: each admission of a re-admitted request is freed once, under its own admission id") {
   Engine<K3> e;
   const Prompt p(43, 3);
   save_prompt(e, RequestId{1}, p, 176);
@@ -138,21 +138,21 @@ TEST_CASE("R8 coordinator: each admission of a re-admitted request is released o
   CHECK(second.admission != first.admission);
   REQUIRE(e.step_until([&] { return e.unparks_of(RequestId{2}) == 1; }));
   e.steps(10);
-  CHECK(e.releases_of(RequestId{2}) == 0);  // the new admission runs; the old orphan is still written
+  CHECK(e.frees_of(RequestId{2}) == 0);  // the new admission runs; the old orphan is still written
   e.ranks[3]->conn.load(first_load);        // rank 3 finally runs the old load
-  REQUIRE(e.step_until([&] { return e.releases_of(RequestId{2}) == 1; }));
-  CHECK(e.released.back() == Release{RequestId{2}, first.admission});  // the orphan's resources, not the running ones
+  REQUIRE(e.step_until([&] { return e.frees_of(RequestId{2}) == 1; }));
+  CHECK(e.freed.back() == Freed{RequestId{2}, first.admission});  // the orphan's resources, not the running ones
   forward(e, p, second_blocks, SlotId{3}, 176);
   (void)e.coord.finish(FinishRequest{RequestId{2}, p.tokens, p.keys, second_blocks, Checkpoint{176, p.hash_at(176)}, SlotId{3}});
-  REQUIRE(e.step_until([&] { return e.releases_of(RequestId{2}) == 2 && e.index.stats().saves_outstanding == 0; }));
-  CHECK(e.released.back() == Release{RequestId{2}, second.admission});
+  REQUIRE(e.step_until([&] { return e.frees_of(RequestId{2}) == 2 && e.index.stats().saves_outstanding == 0; }));
+  CHECK(e.freed.back() == Freed{RequestId{2}, second.admission});
   e.steps(10);
-  CHECK(e.releases_of(RequestId{2}) == 2);
+  CHECK(e.frees_of(RequestId{2}) == 2);
   CHECK(e.coord.stats().invariant_violations == 0);
   CHECK(e.coord.stats().holding_now == 0);
 }
 
-TEST_CASE("R8 coordinator: the Release is the one signal that a slot is free: an index with its own callback is refused") {
+TEST_CASE("R8 coordinator: the Freed event is the one signal that a slot is free: an index with its own callback is refused") {
   Engine<K3> e;
   OffloadIndex<> with_callback(OffloadIndexOptions{.hash_capacity = 16, .slot_count = 4}, [](SlotId) {});
   SettlementPump<TpQuorum, OffloadIndex<>> pump(e.group, with_callback);
@@ -162,7 +162,7 @@ TEST_CASE("R8 coordinator: the Release is the one signal that a slot is free: an
     FAIL("a Coordinator accepted an index that frees orphan slots through a callback of its own");
   } catch (const Error& err) {
     CHECK(err.code() == ErrorCode::invalid_argument);
-    CHECK(std::string(err.what()).find("slot-release callback") != std::string::npos);
+    CHECK(std::string(err.what()).find("slot-free callback") != std::string::npos);
   }
 }
 
@@ -183,7 +183,7 @@ TEST_CASE("R8 coordinator: preempted and re-admitted during its load gets a new 
   // The old orphan ages out; its late records (rank 3) would be late everywhere.
   const auto t = e.coord.tick(std::chrono::steady_clock::now() + 1h, 1s, 1h);
   CHECK(t.reclaimed == 1);
-  REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}); }));
+  REQUIRE(e.step_until([&] { return e.was_freed(RequestId{2}); }));
   CHECK(e.unparks_of(RequestId{2}) == 1);
   CHECK(e.coord.stats().invariant_violations == 0);
 }
@@ -236,11 +236,11 @@ TEST_CASE("coordinator: the tier losing the prefix between lookup and dispatch i
   const std::vector<BlockId> blocks = block_range(20, 13);
   forward(e, p, blocks, SlotId{2}, 176);
   CHECK(e.coord.finish(FinishRequest{RequestId{2}, p.tokens, p.keys, blocks, Checkpoint{176, p.hash_at(176)}, SlotId{2}}) == 2);
-  REQUIRE(e.step_until([&] { return e.was_released(RequestId{2}) && e.index.stats().saves_outstanding == 0; }));
+  REQUIRE(e.step_until([&] { return e.was_freed(RequestId{2}) && e.index.stats().saves_outstanding == 0; }));
   CHECK(e.lookup(std::span<const PrefixHash>(p.keys).first(3)) == 3);  // the tier holds the prefix again
 }
 
-TEST_CASE("coordinator: a load that never hears back is reported by tick and never released") {
+TEST_CASE("coordinator: a load that never hears back is reported by tick and never freed") {
   Engine<Dense> e;
   const Prompt p(17, 3);
   save_prompt(e, RequestId{1}, p, 176);
@@ -252,7 +252,7 @@ TEST_CASE("coordinator: a load that never hears back is reported by tick and nev
   REQUIRE(t.overdue.size() == 1);
   CHECK(t.overdue[0].key.request == RequestId{2});
   CHECK(e.coord.stats().overdue == 1);
-  CHECK(e.coord.is_parked(RequestId{2}));  // still waiting: nothing is released on a timer
+  CHECK(e.coord.is_parked(RequestId{2}));  // still waiting: nothing is freed on a timer
   CHECK(e.coord.stats().invariant_violations == 0);
 }
 

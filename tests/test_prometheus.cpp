@@ -234,7 +234,7 @@ struct Expected {
 
 IndexStats index_stats() {
   IndexStats s;
-  s.dispatched = kHuge;
+  s.issued = kHuge;
   s.in_flight = 1002;
   s.completed = 1003;
   s.failed = 1004;
@@ -247,9 +247,8 @@ IndexStats index_stats() {
   s.indexed = 1011;
   s.hashes_evicted = 1012;
   s.hashes_retracted = 1013;
-  s.hashes_dropped = 1014;
-  s.slots_released = 1015;
-  s.slot_release_errors = 1016;
+  s.slots_freed = 1015;
+  s.slot_free_errors = 1016;
   s.invariant_violations = 1017;
   s.overdue = 1018;
   s.saves_issued = 1019;
@@ -271,14 +270,14 @@ CoordinatorStats coordinator_stats() {
   s.unparked_with_tokens = 2005;
   s.transport_drops = 2006;
   s.torn_down = 2007;
-  s.released = 2008;
+  s.freed = 2008;
   s.saves_submitted = 2009;
   s.saves_skipped = 2010;
   s.waiting_now = 2011;
   s.holding_now = 2012;
   s.overdue = 2013;
   s.sources_pinned = 2014;
-  s.state_legs_released = 2015;
+  s.state_legs_waived = 2015;
   s.invariant_violations = 2016;
   return s;
 }
@@ -383,7 +382,7 @@ double seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 std::vector<Expected> expected_samples() {
   using std::uint64_t;
   return {
-      {"kvfuse_index_dispatched_total", "", false, kHuge},
+      {"kvfuse_index_issued_total", "", false, kHuge},
       {"kvfuse_index_in_flight", "", false, uint64_t{1002}},
       {"kvfuse_index_completed_total", "", false, uint64_t{1003}},
       {"kvfuse_index_failed_total", "", false, uint64_t{1004}},
@@ -396,9 +395,8 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_index_indexed_hashes", "", false, uint64_t{1011}},
       {"kvfuse_index_hashes_evicted_total", "", false, uint64_t{1012}},
       {"kvfuse_index_hashes_retracted_total", "", false, uint64_t{1013}},
-      {"kvfuse_index_hashes_dropped_total", "", false, uint64_t{1014}},
-      {"kvfuse_index_slots_released_total", "", false, uint64_t{1015}},
-      {"kvfuse_index_slot_release_errors_total", "", false, uint64_t{1016}},
+      {"kvfuse_index_slots_freed_total", "", false, uint64_t{1015}},
+      {"kvfuse_index_slot_free_errors_total", "", false, uint64_t{1016}},
       {"kvfuse_index_invariant_violations_total", "", false, uint64_t{1017}},
       {"kvfuse_index_overdue", "", false, uint64_t{1018}},
       {"kvfuse_index_saves_issued_total", "", false, uint64_t{1019}},
@@ -416,14 +414,14 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_coordinator_unparked_with_tokens_total", "", false, uint64_t{2005}},
       {"kvfuse_coordinator_transport_drops_total", "", false, uint64_t{2006}},
       {"kvfuse_coordinator_torn_down_total", "", false, uint64_t{2007}},
-      {"kvfuse_coordinator_released_total", "", false, uint64_t{2008}},
+      {"kvfuse_coordinator_freed_total", "", false, uint64_t{2008}},
       {"kvfuse_coordinator_saves_submitted_total", "", false, uint64_t{2009}},
       {"kvfuse_coordinator_saves_skipped_total", "", false, uint64_t{2010}},
       {"kvfuse_coordinator_waiting", "", false, uint64_t{2011}},
       {"kvfuse_coordinator_holding", "", false, uint64_t{2012}},
       {"kvfuse_coordinator_overdue", "", false, uint64_t{2013}},
       {"kvfuse_coordinator_sources_pinned_total", "", false, uint64_t{2014}},
-      {"kvfuse_coordinator_state_legs_released_total", "", false, uint64_t{2015}},
+      {"kvfuse_coordinator_state_legs_waived_total", "", false, uint64_t{2015}},
       {"kvfuse_coordinator_invariant_violations_total", "", false, uint64_t{2016}},
 
       {"kvfuse_pump_late_reports_total", "", false, uint64_t{3001}},
@@ -554,7 +552,7 @@ TEST_CASE("prometheus: every field of every stats struct comes back exactly unde
   const std::vector<Expected> expected = expected_samples();
   std::set<std::string> expected_families;
   for (const Expected& e : expected) expected_families.insert(e.family);
-  CHECK(expected_families.size() == 117);
+  CHECK(expected_families.size() == 116);
   CHECK(parsed.families.size() == expected_families.size());
   CHECK(text.family_count() == expected_families.size());
   CHECK(text.sample_count() == expected.size());
@@ -594,7 +592,7 @@ TEST_CASE("prometheus: each family has one HELP and one TYPE before its samples 
     CHECK((family.type == "counter") == name.ends_with("_total"));
   }
   const std::map<std::string, std::string> types{
-      {"kvfuse_index_dispatched_total", "counter"},       {"kvfuse_index_in_flight", "gauge"},
+      {"kvfuse_index_issued_total", "counter"},       {"kvfuse_index_in_flight", "gauge"},
       {"kvfuse_index_indexed_hashes", "gauge"},           {"kvfuse_index_saves_outstanding", "gauge"},
       {"kvfuse_coordinator_waiting", "gauge"},            {"kvfuse_coordinator_admitted_total", "counter"},
       {"kvfuse_group_pending", "gauge"},                  {"kvfuse_group_settled_total", "counter"},

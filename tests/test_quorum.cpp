@@ -692,7 +692,7 @@ TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint lo
   CHECK(pump.step().resolutions.empty());
   CHECK(pump.stats().late_reports == 1);
   const IndexStats s = index.stats();
-  CHECK(s.dispatched == s.completed + s.failed + s.abandoned + s.outstanding);
+  CHECK(s.issued == s.completed + s.failed + s.abandoned + s.outstanding);
   CHECK(s.invariant_violations == 0);
 }
 

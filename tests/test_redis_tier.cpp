@@ -4,7 +4,9 @@
 #include "redis_test_support.hpp"
 #include "tier_test_support.hpp"
 
+#include <kvfuse/testing/delay_tier.hpp>
 #include <kvfuse/tier/disk_tier.hpp>
+#include <kvfuse/tier/memory_tier.hpp>
 #include <kvfuse/tier/redis_tier.hpp>
 
 #include <sys/socket.h>
@@ -57,6 +59,9 @@ void set_raw(const RedisServer& server, const std::string& key, std::span<const 
 static_assert(Tier<RedisTier>);
 static_assert(BatchedTier<RedisTier>);
 static_assert(!BatchedTier<DiskTier>);
+// A wrapper keeps what it wraps: batched over a batched tier, not over a plain one.
+static_assert(BatchedTier<DelayTier<RedisTier>>);
+static_assert(Tier<DelayTier<MemoryTier<>>> && !BatchedTier<DelayTier<MemoryTier<>>>);
 
 TEST_CASE("redis tier: every bad option is an Error naming its value") {
   RedisTierOptions good;
@@ -245,6 +250,24 @@ TEST_CASE("redis tier: a 64-chunk batch is one round trip with hit or miss per c
   tier.get_batch(first, hashes, again);
   CHECK(same(views[0].bytes(), pattern(0, 16384)));
   CHECK(tier.stats().connects == 1);  // one connection served every call
+}
+
+TEST_CASE("redis tier: a DelayTier over it stays batched: a 16-chunk batch is one delay and one round trip") {
+  RedisServer server;
+  DelayTier<RedisTier> tier(std::chrono::milliseconds(1), server.options());
+  std::vector<PrefixHash> hashes;
+  for (std::uint64_t i = 0; i < 16; ++i) {
+    hashes.push_back(PrefixHash{3000 + i});
+    REQUIRE(tier.put(key_of(3000 + i, 2), pattern(i, 4096)));
+  }
+  std::vector<TierView> views(16);
+  const auto before = tier.inner().stats().round_trips;
+  tier.get_batch(key_of(0, 2), hashes, views);
+  CHECK(tier.inner().stats().round_trips - before == 1);
+  for (std::uint64_t i = 0; i < 16; ++i) {
+    REQUIRE(views[i].hit());
+    CHECK(same(views[i].bytes(), pattern(i, 4096)));
+  }
 }
 
 TEST_CASE("redis tier: a foreign truncated or corrupt value is a counted miss and never served") {

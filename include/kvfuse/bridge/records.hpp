@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/detail/enum_sentinel.hpp>
 #include <kvfuse/detail/little_endian.hpp>
 
 namespace kvfuse {
@@ -54,7 +55,8 @@ enum class Reason : std::uint8_t {
 };
 
 /// The highest Reason value this build knows. from_bytes refuses anything above it, so a
-/// record from a newer peer is reported as corrupt rather than misread. Keep it last.
+/// record from a newer peer is reported as corrupt rather than misread. A static_assert
+/// below to_string checks that it is the last named value.
 inline constexpr Reason last_reason = Reason::source_unconfirmed;
 
 /// Short, stable name of a Reason ("kv_chunk_missing", ...), for engine logs.
@@ -79,6 +81,7 @@ constexpr std::string_view to_string(Reason r) noexcept {
   }
   return "unknown_reason";
 }
+static_assert(detail::is_last_named(last_reason), "last_reason is not the last Reason: move it to the new last value");
 
 /// Which of a save's two reports a SaveRecord is (docs/reference.md#save-path). Every save yields
 /// both, in this order, from every rank.

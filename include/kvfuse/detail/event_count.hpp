@@ -4,8 +4,8 @@
 // Why not std::condition_variable: glibc's condition variable wakes its waiter into a
 // mutex it marks contended whether or not anyone else wants it, so the woken thread pays
 // a futex wake on its next unlock: a second system call on every hand-off, on the woken
-// thread, before it runs what it was woken for (seen in a `perf record` trace of the lane of a
-// one-chunk load: FUTEX_WAKE_PRIVATE on the lane's mutex 1.4 us after every wake-up).
+// thread, before it runs what it was woken for (a `perf record` trace of a lane shows the
+// FUTEX_WAKE_PRIVATE after every wake-up; bench/README.md#fixed-cost has the numbers).
 // Why not std::atomic<T>::wait: libstdc++ spins and calls sched_yield before it sleeps,
 // and its notify makes the system call whenever any thread waits on any address that
 // shares its slot in a 16-entry table.

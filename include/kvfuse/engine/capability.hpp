@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include <kvfuse/bridge/state_layout.hpp>
 #include <kvfuse/engine/connector_names.hpp>
 #include <kvfuse/error.hpp>
 
@@ -28,13 +29,6 @@ enum class KvRole : std::uint8_t {
   both,      ///< stores and loads
 };
 
-/// What per-request state the model carries next to its paged KV.
-enum class StateLayout : std::uint8_t {
-  none,          ///< a dense model: no state tier
-  dsv4_slot,     ///< DeepSeek-V4 slot state
-  k3_recurrent,  ///< Kimi-K3 recurrent state
-};
-
 /// Stable names, for messages. Thread-safe, noexcept.
 constexpr std::string_view to_string(KvRole r) noexcept {
   switch (r) {
@@ -44,24 +38,12 @@ constexpr std::string_view to_string(KvRole r) noexcept {
   }
   return "unknown_role";
 }
-constexpr std::string_view to_string(StateLayout l) noexcept {
-  switch (l) {
-    case StateLayout::none: return "none";
-    case StateLayout::dsv4_slot: return "dsv4_slot";
-    case StateLayout::k3_recurrent: return "k3_recurrent";
-  }
-  return "unknown_layout";
-}
 
-/// Whether `r` / `l` is one of the enum's named values. A value cast from an out-of-range
-/// integer (a config parsed wrongly, a field never set) is none of them, and is refused by
-/// every configuration check rather than read as whatever its comparisons happen to say.
-/// Thread-safe, noexcept.
+/// Whether `r` is one of the enum's named values, as is_known(StateLayout) (bridge/) for
+/// layouts: a value cast from an out-of-range integer is refused by every configuration
+/// check. Thread-safe, noexcept.
 constexpr bool is_known(KvRole r) noexcept {
   return r == KvRole::producer || r == KvRole::consumer || r == KvRole::both;
-}
-constexpr bool is_known(StateLayout l) noexcept {
-  return l == StateLayout::none || l == StateLayout::dsv4_slot || l == StateLayout::k3_recurrent;
 }
 
 /// One sub-connector of a configured multi. `kv_role` empty: the multi's role applies.
@@ -81,11 +63,11 @@ struct EngineOptions {
 
 /// The one answer to "what may this engine do with the offload tier".
 struct Capability {
-  bool can_save = false;     ///< the state tier exists and this role stores state into it
-  bool can_load = false;      ///< the state tier exists and this role loads state from it
+  bool state_can_save = false;///< the state tier exists and this role stores state into it
+  bool state_can_load = false;///< the state tier exists and this role loads state from it
   bool kv_can_save = false;  ///< an offload connector is configured and this role stores KV
   bool kv_can_load = false;   ///< an offload connector is configured and this role loads KV
-  /// Why the state tier is off or one-sided (empty when can_save && can_load). Names the
+  /// Why the state tier is off or one-sided (empty when state_can_save && state_can_load). Names the
   /// deciding config value.
   std::string reason;
   friend bool operator==(const Capability&, const Capability&) = default;
@@ -163,11 +145,11 @@ inline Capability capability_impl(const EngineOptions& cfg) {
                     std::string(to_string(cfg.layout)) +
                     ": the state tier is unsupported under pipeline parallelism; use pipeline_parallel_size=1 "
                     "or layout=none");
-  cap.can_save = cap.kv_can_save;
-  cap.can_load = cap.kv_can_load;
-  if (!cap.can_load || !cap.can_save)
+  cap.state_can_save = cap.kv_can_save;
+  cap.state_can_load = cap.kv_can_load;
+  if (!cap.state_can_load || !cap.state_can_save)
     cap.reason = "kv_role=" + std::string(to_string(p.role)) + " of " + p.where + ": state " +
-                 (cap.can_load ? "loads only" : "stores only");
+                 (cap.state_can_load ? "loads only" : "stores only");
   return cap;
 }
 }  // namespace detail

@@ -9,15 +9,15 @@
 //   teardown(id)      abort or preemption: orphan the in-flight load; the resources go back
 //                     only when its ranks settle it or reclaim ages it out (R8)
 //   finish(request)   submit the KV save (whole chunks up to the chunk-floored frontier) and
-//                     the state checkpoint; blocks are released on every rank's `released`
+//                     the state checkpoint; blocks are freed on every rank's `released`
 //
 // Admissions. A request keeps its id across preemption and re-admission, but each admit()
 // starts an admission (AdmissionId) with its own block table and slot, and finish() or
-// teardown() ends the request's current one. Each admission is released exactly once, by
-// a Release event naming it, when it ended and nothing touches its resources any more: no
+// teardown() ends the request's current one. Each admission is freed exactly once, by a
+// Freed event naming it, when it ended and nothing touches its resources any more: no
 // load of it in flight (an orphan settled or was reclaimed), no P/D transfer writing its
-// blocks, no save still reading them. The Release is the one "free it" signal for the
-// slot too: the index the Coordinator drives has no slot-release callback of its own.
+// blocks, no save still reading them. The Freed event is the one "free it" signal for the
+// slot too: the index the Coordinator drives has no slot-free callback of its own.
 //   tick(now)         reclaim aged orphans; report loads in flight past a threshold
 //   admit/step(arbiter)  the same through a composition (Multi): R16 arbitration, P/D transfers
 //
@@ -69,26 +69,26 @@ class Coordinator {
   /// What one step produced. The spans stay valid until the next step() or tick().
   struct StepResult {
     std::span<const Unpark> unparked;        ///< resume these (once each)
-    std::span<const Release> released;       ///< free these admissions' blocks and slot: no rank reads or writes them
+    std::span<const Freed> freed;            ///< free these admissions' blocks and slot: no rank reads or writes them
     std::size_t records = 0;                 ///< records the pump drained
   };
 
   /// What one tick produced.
   struct TickResult {
     std::size_t reclaimed = 0;               ///< orphans reclaimed (their release comes out of the next step)
-    std::span<const OverdueLoad> overdue;    ///< loads in flight at least `overdue_after`; nothing released
+    std::span<const OverdueLoad> overdue;    ///< loads in flight at least `overdue_after`; nothing freed
   };
 
   /// Throws Error(invalid_argument) naming the value when the grids are invalid or the
-  /// layout is unknown, and when `index` was built with a slot-release callback: the
-  /// Coordinator's Release events are the one signal that a slot is free (an orphan's
+  /// layout is unknown, and when `index` was built with a slot-free callback: the
+  /// Coordinator's Freed events are the one signal that a slot is free (an orphan's
   /// included), so a second signal for the same slot cannot exist.
   Coordinator(CoordinatorOptions options, Index& index, Pump& pump, T& transport, L& lookup)
       : options_(validated(options)), index_(index), pump_(pump), transport_(transport), lookup_(lookup) {
-    if (index_.has_slot_release())
+    if (index_.has_slot_free())
       throw Error(ErrorCode::invalid_argument,
-                  "the Coordinator's OffloadIndex has a slot-release callback: build it without one "
-                  "(OffloadIndex(options)); a Coordinator's Release events return every slot, orphans' included");
+                  "the Coordinator's OffloadIndex has a slot-free callback: build it without one "
+                  "(OffloadIndex(options)); a Coordinator's Freed events return every slot, orphans' included");
     parked_.reserve(options_.expected_requests);
     admissions_.reserve(options_.expected_requests);
     holding_.reserve(options_.expected_requests);
@@ -101,7 +101,7 @@ class Coordinator {
   /// Plans the request's load, takes a ticket, dispatches it through the transport and
   /// parks the request — or says "compute now" with the reason. Either way it starts a new
   /// admission (AdmitDecision::admission), which ends with finish() or teardown() and is
-  /// released once (a Release naming it) when nothing touches its resources. A request
+  /// freed once (a Freed naming it) when nothing touches its resources. A request
   /// whose previous admission is still live and not parked (the engine re-admits it without
   /// a teardown) has that admission ended as by teardown() first. A request parked here
   /// always has exactly one live load that will settle: a load the transport dropped is
@@ -127,9 +127,9 @@ class Coordinator {
   /// the composition picks the first sub that loads KV, and its losers cancel.
   ///   - the offload sub wins: the planned load, state leg included, as admit() does;
   ///   - a P/D sub wins: its transfer starts and the request parks on it; a state leg the
-  ///     tier could have served is released (no ticket is ever taken for it, the boundary is
+  ///     tier could have served is waived (no ticket is ever taken for it, the boundary is
   ///     disowned) and the request recomputes from 0 when the transfer ends — a stateful
-  ///     model cannot resume from KV alone; counted in state_legs_released;
+  ///     model cannot resume from KV alone; counted in state_legs_waived;
   ///   - no sub loads KV but a state leg is servable: a state-only load through the tier;
   ///   - otherwise: compute.
   /// A parked request unparks on its owning load's single settlement — the index's, or the
@@ -152,8 +152,8 @@ class Coordinator {
     if (a.winner) {
       if (!static_cast<bool>(arbiter.start(*a.winner, PdTransfer{req.id, req.hbm, a.tokens, req.blocks})))
         return compute(d, ComputeReason::transfer_refused);
-      d.state_released = secured;
-      counters_.state_legs_released += secured ? 1 : 0;
+      d.state_waived = secured;
+      counters_.state_legs_waived += secured ? 1 : 0;
       d.parked = true;
       d.claimed_tokens = options_.layout == StateLayout::none ? req.hbm + a.tokens : 0;
       parked_.emplace(req.id, Parked{LoadKey{}, d.claimed_tokens, d.admission, false, true});
@@ -175,11 +175,11 @@ class Coordinator {
   StepResult step(A& arbiter, typename Pump::TimePoint now = Pump::TimePoint::clock::now()) {
     StepResult r = step(now);
     (void)arbiter.drain_finished([this](RequestId id, bool ok) { on_transfer(id, ok); });
-    counters_.released += release_ready_.size();  // released by a transfer's end: out in this step
-    released_.insert(released_.end(), release_ready_.begin(), release_ready_.end());
-    release_ready_.clear();
+    counters_.freed += freed_ready_.size();  // freed by a transfer's end: out in this step
+    freed_.insert(freed_.end(), freed_ready_.begin(), freed_ready_.end());
+    freed_ready_.clear();
     r.unparked = unparked_;
-    r.released = released_;
+    r.freed = freed_;
     return r;
   }
 
@@ -212,7 +212,7 @@ class Coordinator {
       if (held->second.empty()) pd_holding_.erase(held);
       --pd_held_;
       admissions_.at(admission).load_held = false;
-      release_if_free(admission);
+      free_if_idle(admission);
       return;
     }
     const auto it = parked_.find(id);
@@ -272,26 +272,26 @@ class Coordinator {
 
  public:
   /// One scheduler step: pumps every rank's records into the index, then turns the index's
-  /// resolutions into Unpark events (each parked request exactly once) and Release events
+  /// resolutions into Unpark events (each parked request exactly once) and Freed events
   /// (each ended admission exactly once: a torn-down one whose load ended, a finished one
   /// whose saves' source every rank released). Scheduler thread.
   StepResult step(typename Pump::TimePoint now = Pump::TimePoint::clock::now()) {
     unparked_.clear();
-    released_.clear();
+    freed_.clear();
     const auto pumped = pump_.step(now);
     for (const LoadResolution& r : pumped.resolutions) on_resolution(r);
     for (const SaveSettlement& s : pumped.saves) on_save(s);
-    released_.swap(release_ready_);  // everything freed since the last step, this one included
+    freed_.swap(freed_ready_);  // everything freed since the last step, this one included
     counters_.unparked += unparked_.size();
-    counters_.released += released_.size();
-    return StepResult{unparked_, released_, pumped.records};
+    counters_.freed += freed_.size();
+    return StepResult{unparked_, freed_, pumped.records};
   }
 
   /// The request was aborted or preempted: its current admission ends. A parked request's
   /// load is orphaned: the index keeps its slot, and the admission's blocks and slot come
-  /// back as a Release only once its ranks settled the load or reclaim aged it out (R8) —
+  /// back as a Freed only once its ranks settled the load or reclaim aged it out (R8) —
   /// never while a rank may still write them. It never unparks. An admission that is not
-  /// parked is released at the next step, unless a save still reads its blocks. A request
+  /// parked is freed at the next step, unless a save still reads its blocks. A request
   /// with no live admission (torn down or finished already, or never admitted) is left
   /// alone: a second teardown (an abort after a preemption) releases nothing twice.
   /// Scheduler thread.
@@ -322,16 +322,16 @@ class Coordinator {
       // still queued for the next step, which must not unpark it.
       torn_down_keys_.push_back(key);
     }
-    release_if_free(*live);
+    free_if_idle(*live);
   }
 
   /// Saves what the request computed and ends its current admission: the KV chunks above
   /// what the tier already holds up to the chunk-floored frontier, and the state checkpoint
   /// (stateful models). Skipped while a save of this admission still reads its source. The
-  /// admission's blocks (and slot) come back as a Release once every rank released the
+  /// admission's blocks (and slot) come back as a Freed once every rank released the
   /// saves' source — usually long before the saves land. A request still parked is torn
   /// down instead (its load orphaned, nothing saved); a request with no live admission
-  /// (never admitted) gets one here, so its saves are tracked and it is released like any
+  /// (never admitted) gets one here, so its saves are tracked and it is freed like any
   /// other. Returns how many saves were sent (0, 1 or 2). Scheduler thread.
   std::size_t finish(const FinishRequest& f) {
     if (parked_.contains(f.id)) {
@@ -363,12 +363,12 @@ class Coordinator {
         sent += submit(id, StateSave{SaveKey{f.checkpoint->hash, {}}, *f.slot, f.checkpoint->boundary}) ? 1 : 0;
     }
     if (sent == 0) ++counters_.saves_skipped;
-    release_if_free(id);  // now, or once every rank released the saves' source
+    free_if_idle(id);  // now, or once every rank released the saves' source
     return sent;
   }
 
   /// Reclaims orphans older than `reclaim_after` (their release comes out of the next step)
-  /// and lists the loads in flight at least `overdue_after` (none is released on a timer:
+  /// and lists the loads in flight at least `overdue_after` (none is freed on a timer:
   /// a lost LoadRequest becomes visible here). Scheduler thread.
   TickResult tick(typename Clock::time_point now, typename Clock::duration reclaim_after,
                   typename Clock::duration overdue_after) {
@@ -419,19 +419,19 @@ class Coordinator {
     bool dropped = false;   // the transport dropped it; the index already failed it
     bool transfer = false;  // parked on a P/D sub's transfer, not on an index load
   };
-  // What one admission's resources wait for before they are released.
+  // What one admission's resources wait for before they are freed.
   struct Admission {
     RequestId request;
     std::uint32_t sources_held = 0;  // its saves whose source some rank may still read
     bool ended = false;              // finished or torn down: no longer the request's live admission
     bool load_held = false;          // an orphaned load or a torn-down transfer may still write its resources
-    bool pinned = false;             // a save's source could not be confirmed free: never released
+    bool pinned = false;             // a save's source could not be confirmed free: never freed
   };
   // What the coordinator knows of a request across its admissions.
   struct RequestState {
     TokenCount watermark = 0;         // KV below it is known to be in the tier (chunk grid)
     std::optional<AdmissionId> live;  // the admission admit() started and nothing ended yet
-    std::uint32_t admissions = 0;     // its admissions not yet released (the live one included)
+    std::uint32_t admissions = 0;     // its admissions not yet freed (the live one included)
   };
   struct SaveOwner {
     AdmissionId admission;
@@ -501,13 +501,13 @@ class Coordinator {
 
   // Releases the admission (next step) if it ended and nothing touches its resources; the
   // request's state goes with its last admission.
-  void release_if_free(AdmissionId id) {
+  void free_if_idle(AdmissionId id) {
     const auto it = admissions_.find(id);
     if (it == admissions_.end()) return;
     const Admission& a = it->second;
     if (!a.ended || a.load_held || a.sources_held > 0) return;
     const RequestId request = a.request;
-    if (!a.pinned) release_ready_.push_back(Release{request, id});
+    if (!a.pinned) freed_ready_.push_back(Freed{request, id});
     admissions_.erase(it);
     const auto rs = requests_.find(request);
     if (rs != requests_.end() && --rs->second.admissions == 0 && !rs->second.live) requests_.erase(rs);
@@ -520,7 +520,7 @@ class Coordinator {
         const AdmissionId id = it->second;
         holding_.erase(it);
         admissions_.at(id).load_held = false;
-        release_if_free(id);
+        free_if_idle(id);
       }
       return;
     }
@@ -573,7 +573,7 @@ class Coordinator {
     // Blocks and slot go back on the released phase (early release), never later than stored.
     if (source_free_now) {
       --a->second.sources_held;
-      release_if_free(id);
+      free_if_idle(id);
     }
   }
 
@@ -601,14 +601,14 @@ class Coordinator {
   T& transport_;
   L& lookup_;
   std::unordered_map<RequestId, Parked> parked_;
-  std::unordered_map<AdmissionId, Admission> admissions_;  // admissions not yet released
+  std::unordered_map<AdmissionId, Admission> admissions_;  // admissions not yet freed
   std::unordered_map<LoadKey, AdmissionId> holding_;  // orphaned load -> torn-down admission
   std::unordered_map<SaveKey, SaveOwner> saves_;
   std::unordered_map<RequestId, RequestState> requests_;
   std::vector<TokenCount> servable_;
   std::vector<Unpark> unparked_;
-  std::vector<Release> released_;
-  std::vector<Release> release_ready_;  // released since the last step; handed out by the next
+  std::vector<Freed> freed_;
+  std::vector<Freed> freed_ready_;  // freed since the last step; handed out by the next
   std::vector<LoadKey> torn_down_keys_;
   std::vector<OverdueLoad> overdue_list_;
   std::uint64_t parked_in_flight_ = 0, pd_parked_ = 0, pd_held_ = 0, last_admission_ = 0;

@@ -64,7 +64,7 @@ struct AdmitRequest {
 };
 
 /// What the engine tells the coordinator when a request finished: finish() saves what it
-/// computed and ends its admission, so its blocks and slot come back as a Release once no
+/// computed and ends its admission, so its blocks and slot come back as a Freed once no
 /// rank reads them. Spans are read during the call only.
 struct FinishRequest {
   RequestId id;
@@ -100,20 +100,20 @@ constexpr std::string_view to_string(ComputeReason r) noexcept {
 
 /// One admission of a request: admit() starts one, finish() or teardown() ends it. A request
 /// keeps its RequestId across preemption and re-admission; each admission holds its own
-/// block table and slot, so each is released on its own, exactly once, under its own id.
+/// block table and slot, so each is freed on its own, exactly once, under its own id.
 /// Ids are issued by the Coordinator, from 1, never reused while it lives.
 struct AdmissionId {
   std::uint64_t value = 0;
   friend constexpr auto operator<=>(AdmissionId, AdmissionId) noexcept = default;
 };
 
-/// A release event: no rank reads or writes the blocks and slot this admission of this
+/// A Freed event: no rank reads or writes the blocks and slot this admission of this
 /// request held any more (its load ended, its saves' sources were released): the engine
 /// frees them. The only signal an engine under a Coordinator listens to for that.
-struct Release {
+struct Freed {
   RequestId request;
   AdmissionId admission;
-  friend constexpr bool operator==(const Release&, const Release&) = default;
+  friend constexpr bool operator==(const Freed&, const Freed&) = default;
 };
 
 /// The answer of admit(): parked on a load, or compute now.
@@ -127,12 +127,12 @@ struct AdmitDecision {
   NoLoadReason no_load = NoLoadReason::lookup_within_hbm; ///< planned_no_load only
   LoadRefusal refusal = LoadRefusal::none;                ///< index_refused only
   std::optional<std::size_t> sub;  ///< admitted through a composition: the sub that owns the KV load
-  bool state_released = false;     ///< a P/D sub won: the servable state leg was released (R16)
+  bool state_waived = false;     ///< a P/D sub won: the servable state leg was waived (R16)
 };
 
 /// One request the scheduler resumes. `tokens` = what the load restored (the request
 /// continues from there); 0 = recompute from the start (the load failed, was abandoned, or
-/// the state leg was released).
+/// the state leg was waived).
 struct Unpark {
   RequestId request;
   TokenCount tokens = 0;
@@ -159,14 +159,14 @@ struct CoordinatorStats {
   std::uint64_t unparked_with_tokens = 0;  ///< ... of which resumed from a load
   std::uint64_t transport_drops = 0;   ///< loads and saves the transport dropped (resolved here)
   std::uint64_t torn_down = 0;         ///< teardown() of a parked request
-  std::uint64_t released = 0;          ///< release events handed out (one per admission: blocks and slot free)
+  std::uint64_t freed = 0;             ///< Freed events handed out (one per admission: blocks and slot free)
   std::uint64_t saves_submitted = 0;   ///< KV and state saves sent
   std::uint64_t saves_skipped = 0;     ///< finish() that saved nothing: a load or a save in flight, or nothing new
   std::uint64_t waiting_now = 0;       ///< parked requests now
   std::uint64_t holding_now = 0;       ///< torn-down admissions whose load or transfer may still write their resources now
   std::uint64_t overdue = 0;           ///< loads the last tick() found in flight past the threshold
-  std::uint64_t sources_pinned = 0;    ///< saves whose source some rank could not confirm free: kept pinned, never released
-  std::uint64_t state_legs_released = 0;  ///< admissions where a P/D sub won and a servable state leg was released (R16)
+  std::uint64_t sources_pinned = 0;    ///< saves whose source some rank could not confirm free: kept pinned, never freed
+  std::uint64_t state_legs_waived = 0;  ///< admissions where a P/D sub won and a servable state leg was waived (R16)
   std::uint64_t invariant_violations = 0;  ///< stats() audits that failed, plus double unparks
 };
 

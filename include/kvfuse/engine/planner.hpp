@@ -86,6 +86,7 @@
 #include <variant>
 
 #include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/detail/enum_sentinel.hpp>
 #include <kvfuse/engine/capability.hpp>
 
 namespace kvfuse {
@@ -141,7 +142,7 @@ enum class NoLoadReason : std::uint8_t {
   /// the input is refused (R11) rather than wrapped. Checked right after empty_prompt.
   prompt_too_long_for_grids,
 };
-/// The highest NoLoadReason value. Keep it last.
+/// The highest NoLoadReason value; the static_assert below to_string checks it is the last.
 inline constexpr NoLoadReason last_no_load_reason = NoLoadReason::prompt_too_long_for_grids;
 
 /// Short, stable name of a NoLoadReason, for engine logs. Constexpr, noexcept, thread-safe.
@@ -163,6 +164,8 @@ constexpr std::string_view to_string(NoLoadReason r) noexcept {
   }
   return "unknown_no_load_reason";
 }
+static_assert(detail::is_last_named(last_no_load_reason),
+              "last_no_load_reason is not the last NoLoadReason: move it to the new last value");
 
 /// Compute; load nothing.
 struct NoLoad {

@@ -56,13 +56,11 @@ struct ConnectorOptions {
   std::size_t save_staging_chunks = 8;
   /// How long the lanes that run loads (the load lane, and the state lane of a composition
   /// that has one) poll for the next load after finishing one, before they sleep on a
-  /// futex (BasicLane's `spin`). 0, the default, never spins: today's
-  /// behaviour. Must be >= 0.
+  /// futex (BasicLane's `spin`). 0, the default, never spins. Must be >= 0.
   ///
   /// What it buys: a load submitted while its lane still spins skips the lane's futex
-  /// wake-up; on a 2-vCPU VM whose other vCPU sits halted that wake-up is ~22 us of the
-  /// ~48 us a one-chunk load costs from load() to its record, and with 50 us of spin the
-  /// whole path measured ~5 us for loads back to back (bench/README.md, issue 12). A load
+  /// wake-up, which on a small VM whose other vCPU sits halted is most of a one-chunk
+  /// load's fixed cost from load() to its record (bench/README.md#fixed-cost). A load
   /// that comes after the spin ran out finds the lane asleep and pays the wake-up as before.
   /// What it costs: after every load (every burst of loads) each of those lanes keeps one
   /// CPU busy for up to `lane_spin`, whether or not another load comes; on a two-core
@@ -76,8 +74,8 @@ struct ConnectorOptions {
   ///
   /// Why: under OS placement a lane woken by the engine's scheduler thread lands on
   /// whichever CPU the kernel picks, and on a small VM that choice (the scheduler's CPU or
-  /// a halted vCPU) changes a one-chunk load's cost by 2-3x and sticks for the run
-  /// (bench/README.md, issue 12). Lanes on CPUs of their own, apart from the scheduler
+  /// a halted vCPU) changes a one-chunk load's cost severalfold and sticks for the run
+  /// (bench/README.md#placement). Lanes on CPUs of their own, apart from the scheduler
   /// thread, pay the same hand-off on every load, and their copies never compete with the
   /// scheduler for a core. Give the lanes CPUs the engine's own threads do not use.
   std::vector<unsigned> lane_cpus{};
@@ -126,6 +124,9 @@ class Connector {
   using group_type = Group;
   using runtime_type = R;
   static constexpr StateOrdering ordering = StateLeg::ordering;
+  /// The model's state layout, as the state leg names it: what the engine plans by
+  /// (CoordinatorOptions::layout, PlanInput::layout).
+  static constexpr StateLayout layout = StateLeg::layout;
   static constexpr bool has_state = ordering != StateOrdering::none;
   static constexpr bool has_state_lane = ordering == StateOrdering::concurrent;
   /// Lane indices, also the index of each lane's staging buffer and emitter.

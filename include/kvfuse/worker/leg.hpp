@@ -15,6 +15,7 @@
 #include <kvfuse/device/runtime.hpp>
 #include <kvfuse/bridge/load_request.hpp>
 #include <kvfuse/bridge/save_request.hpp>
+#include <kvfuse/bridge/state_layout.hpp>
 #include <kvfuse/tier/tier.hpp>
 #include <kvfuse/worker/rank_geometry.hpp>
 
@@ -103,7 +104,9 @@ concept KvLegFor = Runtime<R> && requires(L& leg, const KvSpec& spec, const KvSa
   { leg.save(save, lane) } -> std::same_as<SaveVerdict>;
 };
 
-/// A state leg: its ordering, and (unless ordering is none) load and save calls and the
+/// A state leg: its ordering, the model's state layout it moves (`L::layout`: none exactly
+/// when the ordering is none; the engine plans by the same value, so nothing guesses the
+/// layout from the scheduling), and (unless ordering is none) load and save calls and the
 /// size of one of its tier entries. `kv` is the same load's KV spec, or null for a
 /// state-only load, so the leg can check that the engine and the rank agree about where
 /// the KV leg ends (R11). `L::entry_bytes(geometry)` (static, noexcept) is the bytes one
@@ -111,7 +114,10 @@ concept KvLegFor = Runtime<R> && requires(L& leg, const KvSpec& spec, const KvSa
 /// larger of it and a KV chunk (R12).
 template <class L, class R>
 concept StateLegFor =
-    Runtime<R> && requires { { L::ordering } -> std::convertible_to<StateOrdering>; } &&
+    Runtime<R> && requires {
+      { L::ordering } -> std::convertible_to<StateOrdering>;
+      { L::layout } -> std::convertible_to<StateLayout>;
+    } && ((L::ordering == StateOrdering::none) == (L::layout == StateLayout::none)) &&
     (L::ordering == StateOrdering::none ||
      requires(L& leg, const StateSpec& spec, const KvSpec* kv, const StateSave& save, LaneContext<R>& lane,
               const RankGeometry& geometry) {

@@ -22,6 +22,7 @@ namespace kvfuse {
 /// state branch is compiled out (`if constexpr`), so the load path is a plain KV load.
 struct NoState {
   static constexpr StateOrdering ordering = StateOrdering::none;
+  static constexpr StateLayout layout = StateLayout::none;
 };
 
 /// Why a state spec cannot be served on this rank, or Reason::none (R11).
@@ -113,6 +114,7 @@ template <Tier T>
 class RecurrentState {
  public:
   static constexpr StateOrdering ordering = StateOrdering::concurrent;
+  static constexpr StateLayout layout = StateLayout::k3_recurrent;
   using tier_type = T;
   /// Loads and stores through `tier`, which must outlive the leg. Any thread, before use.
   explicit RecurrentState(T& tier) noexcept : tier_(&tier) {}
@@ -165,6 +167,7 @@ template <Tier T>
 class SlotState {
  public:
   static constexpr StateOrdering ordering = StateOrdering::after_kv;
+  static constexpr StateLayout layout = StateLayout::dsv4_slot;
   using tier_type = T;
   /// Loads and stores through `tier`, which must outlive the leg. Any thread, before use.
   explicit SlotState(T& tier) noexcept : tier_(&tier) {}
@@ -236,6 +239,8 @@ class StateAfterKv : public detail::LegTierType<Leg> {
 
  public:
   static constexpr StateOrdering ordering = StateOrdering::after_kv;
+  /// The wrapped leg's layout: the model is the same, only the scheduling changes.
+  static constexpr StateLayout layout = Leg::layout;
   using inner_type = Leg;
 
   /// Wraps `inner`. Any thread, before use; noexcept if moving Leg is.
