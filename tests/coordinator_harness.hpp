@@ -78,6 +78,15 @@ struct Lookup {
   }
 };
 
+/// The checkpoint policy over the harness's grids (64-token chunks): the branch point, the
+/// prompt's end and every 2 chunks, at most 3 per admission.
+inline CheckpointPolicy harness_policy() {
+  CheckpointPolicy p;
+  p.every_chunks = 2;
+  p.max_prefill = 3;
+  return p;
+}
+
 /// The whole engine: index, quorum, pump, ranks, coordinator.
 template <class Conn>
 struct Engine {
@@ -89,7 +98,7 @@ struct Engine {
   Transport<Conn> transport{&ranks};
   Lookup<Conn> lookup{&ranks};
   Coordinator<TpQuorum, Transport<Conn>, Lookup<Conn>> coord{
-      CoordinatorOptions{Conn::layout, PlanGrids{16, 64}, 0, 64}, index, pump, transport, lookup};
+      CoordinatorOptions{Conn::layout, PlanGrids{16, 64}, 0, 64, harness_policy()}, index, pump, transport, lookup};
   std::vector<Unpark> unparked;
   std::vector<Freed> freed;
 
@@ -99,11 +108,13 @@ struct Engine {
   ~Engine() {
     for (auto& rank : ranks) rank->conn.drain();
   }
+  std::size_t snapshots_back = 0;  // snapshot slots handed back by steps (the tests reset it)
   /// One step, collecting its events.
   void step() {
     const auto s = coord.step();
     unparked.insert(unparked.end(), s.unparked.begin(), s.unparked.end());
     freed.insert(freed.end(), s.freed.begin(), s.freed.end());
+    snapshots_back += s.snapshots.size();
   }
   /// `n` steps, collecting every event (a step's events are only seen here).
   void steps(int n) {
@@ -153,7 +164,7 @@ using Dense = DenseConnector<Mem>;
 /// Saves `p` through request `id` (compute, forward, finish) and waits until it landed.
 template <class Conn>
 void save_prompt(Engine<Conn>& e, RequestId id, const Prompt& p, TokenCount boundary) {
-  const std::vector<BlockId> blocks = block_range(0, 13);
+  const std::vector<BlockId> blocks = block_range(0, static_cast<std::uint32_t>(p.tokens / 16 + 1));
   (void)e.coord.admit(AdmitRequest{id, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{0}});
   forward(e, p, blocks, SlotId{0}, boundary);
   (void)e.coord.finish(FinishRequest{id, p.tokens, p.keys, blocks, Checkpoint{boundary, p.hash_at(boundary)}, SlotId{0}});

@@ -361,19 +361,26 @@ TEST_CASE("R11 specs the rank disagrees with are refused with a reason and never
   for (std::uint32_t s = 0; s < g.num_slots; ++s) CHECK(rank.pools.slot_is_zero(SlotId{s}));
 }
 
-TEST_CASE("R11 a stateful DSV4 load with a nonzero HBM floor is refused") {
+TEST_CASE("R11 a DSV4 joint load from a nonzero HBM floor restores its state and fills the blocks above the floor") {
   RealRank<Dsv4> rank;
   const RankGeometry& g = rank.pools.geo;
   LoadRequest r;
   r.key = LoadKey{RequestId{1}, Generation{1}};
-  rank.save_chunk(chunk_keys(1, 1)[0]);
-  r.kv = KvSpec{g.block_tokens, g.chunk_tokens, chunk_keys(1, 1), block_range(9, 3)};
-  r.state = state_spec(PrefixHash{5}, SlotId{1});
+  rank.save_chunk(chunk_keys(1, 1)[0]);  // the KV of [0, 64) in the tier
+  const TokenCount boundary = g.chunk_tokens - g.block_tokens;  // 48: above the 16-token floor
+  rank.pools.write_state(SlotId{0}, PrefixHash{5});
+  rank.conn.save_state(StateSave{SaveKey{PrefixHash{5}, Generation{98}}, SlotId{0}, boundary});
+  REQUIRE(rank.await_save().stored.ok);
+  // Evicted from HBM: the blocks that will take [16, 64) hold nothing of the prompt.
+  for (const BlockId b : block_range(9, 3)) std::memset(rank.pools.block(b), 0, g.block_bytes());
+  r.kv = KvSpec{g.block_tokens, g.chunk_tokens, chunk_keys(1, 1), block_range(9, 3)};  // hbm = 16: [0, 16) resident
+  r.state = state_spec(PrefixHash{5}, SlotId{1}, boundary);
   const auto rec = rank.load(std::move(r));
-  CHECK(rec.state == StateOutcome::refused);
   CHECK(rec.kv == KvOutcome::ok);
-  CHECK(rec.state_reason == Reason::nonzero_hbm_floor);
-  CHECK(rank.pools.slot_is_zero(SlotId{1}));
+  CHECK(rec.state == StateOutcome::restored);
+  CHECK(rec.state_reason == Reason::none);
+  CHECK(rank.pools.holds_state(SlotId{1}, PrefixHash{5}));
+  CHECK(rank.pools.holds_prompt(block_range(9, 3), g.block_tokens, g.chunk_tokens));
 }
 
 TEST_CASE("R12 standing staging bytes are every lane's buffer, the save lane's sized for a whole save, allocated at construction") {

@@ -1,8 +1,8 @@
 // The Coordinator against a small reference model: 10^5 random operations — admit
 // (re-admission of a running request included), step, teardown (twice in a row
-// included), finish (of a parked request included), tick, rank records delivered in any
-// order with any outcome, rank death (every rank at once included) and return — on one
-// thread, with the ranks simulated (records go through the pump's ingest). After every
+// included), finish (of a parked request included), mid-prefill checkpoints from snapshot
+// slots, progress saves, tick, rank records delivered in any order with any outcome, rank
+// death (every rank at once included) and return — on one thread, with the ranks simulated (records go through the pump's ingest). After every
 // operation the invariants hold; every event the coordinator hands out is checked against
 // what the model allows:
 //   - a request unparks only while it is parked, exactly once per admission, with the
@@ -10,8 +10,10 @@
 //   - an admission's blocks and slot are freed only once it ended and no rank can
 //     still write or read them: no record of any of its loads or saves is still
 //     undelivered from a live rank; each admission is freed exactly once, under its id;
-//   - at the end, with every record delivered, nothing is parked, nothing is held, and
-//     every admission that ended was freed exactly once.
+//   - a snapshot slot comes back only once no live rank may still read it, exactly once
+//     per checkpoint saved from it;
+//   - at the end, with every record delivered, nothing is parked, nothing is held, every
+//     admission that ended was freed exactly once and every snapshot slot came back.
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
@@ -34,6 +36,7 @@ constexpr std::uint32_t kWorld = 3;
 constexpr std::uint64_t kRequests = 12;
 constexpr std::uint32_t kSlots = 12;
 constexpr std::uint32_t kChunk = 64, kBlock = 16;
+constexpr std::uint32_t kSnapshots = 4;  // snapshot slots 100..103, beside the requests' slots
 
 /// One record a simulated rank still owes.
 struct Owed {
@@ -108,8 +111,12 @@ struct Run {
   std::vector<Checkpoint> checkpoints;
   std::uint64_t unparks = 0, releases = 0, completed = 0, readmissions = 0, repeated_teardowns = 0, every_rank_dead = 0;
   std::set<AdmissionId> admissions_seen;
+  std::vector<SlotId> free_snapshots;
+  std::map<SlotId, SaveKey> held_snapshots;  // snapshot -> the state save that reads it
+  std::uint64_t checkpoints_saved = 0, checkpoints_refused_as_indexed = 0, snapshots_back = 0, progress = 0;
 
   explicit Run(std::uint64_t seed) : rng(seed) {
+    for (std::uint32_t i = 0; i < kSnapshots; ++i) free_snapshots.push_back(SlotId{100 + i});
     transport.owed = &owed;
     transport.dead = &dead;
     transport.rng = &rng;
@@ -160,6 +167,71 @@ struct Run {
       REQUIRE_MESSAGE(!owes(it->second), "request " << rel.request.value << " freed while a rank may still touch its memory");
       m.ended.erase(it);
     }
+    for (const SlotId slot : s.snapshots) {
+      ++snapshots_back;
+      const auto it = held_snapshots.find(slot);
+      REQUIRE_MESSAGE(it != held_snapshots.end(), "snapshot " << slot.value << " handed back but not held");
+      for (const Owed& o : owed)
+        REQUIRE_MESSAGE(!(!o.is_load && o.save == it->second && o.phase == SavePhase::released && !dead.contains(o.rank)),
+                        "snapshot " << slot.value << " handed back while rank " << o.rank << " may still read it; save "
+                                    << it->second.hash.value << "/" << it->second.generation.value << " in flight "
+                                    << index.is_save_in_flight(it->second) << " last op " << last_op);
+      held_snapshots.erase(it);
+      free_snapshots.push_back(slot);
+    }
+  }
+
+  // The saves a call just sent: keys on the owed list that no one has claimed yet.
+  std::vector<SaveKey> new_saves() {
+    std::vector<SaveKey> out;
+    for (const Owed& o : owed)
+      if (!o.is_load && !save_owner.contains(o.save) && std::find(out.begin(), out.end(), o.save) == out.end())
+        out.push_back(o.save);
+    return out;
+  }
+
+  void op_checkpoint() {
+    if (free_snapshots.empty()) return;
+    const std::uint64_t r = pick(kRequests);
+    const Checkpoint c = checkpoints[pick(checkpoints.size())];
+    const SlotId slot = free_snapshots.back();
+    const bool served = index.could_serve(c.hash);
+    const CheckpointResult result = coord.checkpoint(RequestId{r}, c, slot);
+    if (served) CHECK(result == CheckpointResult::already_indexed);
+    if (result == CheckpointResult::already_indexed) ++checkpoints_refused_as_indexed;
+    const std::vector<SaveKey> sent = new_saves();
+    if (result != CheckpointResult::saved) {
+      CHECK(sent.empty());  // nothing went out: the engine keeps its slot
+      return;
+    }
+    ++checkpoints_saved;
+    REQUIRE(sent.size() <= 1);  // none when every rank is dead: nobody owes it, it settles at the next step
+    if (!sent.empty()) save_owner[sent[0]] = r;
+    free_snapshots.pop_back();
+    held_snapshots.emplace(slot, sent.empty() ? SaveKey{} : sent[0]);
+  }
+
+  void op_progress() {
+    const std::uint64_t r = pick(kRequests);
+    ModelRequest& m = model[r];
+    if (m.state != ModelRequest::State::running || free_snapshots.empty()) return;
+    const SlotId slot = free_snapshots.back();
+    const Checkpoint c = checkpoints[pick(checkpoints.size())];
+    const std::uint64_t saved_before = coord.stats().checkpoints_saved;
+    const std::size_t sent_count = coord.save_progress(
+        ProgressSave{RequestId{r}, kBlock * (1 + pick(16)), keys, blocks, c, slot});
+    SaveKey state_save{};  // stays empty when every rank is dead: nobody owes it
+    for (const SaveKey& k : new_saves()) {
+      save_owner[k] = r;
+      if (k.hash == c.hash) state_save = k;  // the state save reads the snapshot
+      else m.current.saves.insert(k);        // the KV save reads the running admission's blocks
+    }
+    if (coord.stats().checkpoints_saved > saved_before) {
+      ++checkpoints_saved;
+      free_snapshots.pop_back();
+      held_snapshots.emplace(slot, state_save);
+    }
+    progress += sent_count > 0;
   }
 
   // Slots: each request admission draws from its own pair, so a re-admitted request never
@@ -288,11 +360,13 @@ struct Run {
   void one() {
     const std::uint64_t roll = pick(100);
     last_op = static_cast<int>(roll);
-    if (roll < 20) op_admit();
-    else if (roll < 45) absorb(coord.step());
-    else if (roll < 75) op_deliver();
-    else if (roll < 83) op_teardown();
-    else if (roll < 93) op_finish();
+    if (roll < 18) op_admit();
+    else if (roll < 42) absorb(coord.step());
+    else if (roll < 70) op_deliver();
+    else if (roll < 77) op_teardown();
+    else if (roll < 86) op_finish();
+    else if (roll < 90) op_checkpoint();
+    else if (roll < 93) op_progress();
     else if (roll < 97) op_tick();
     else op_rank();
     check_invariants();
@@ -332,6 +406,9 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     CHECK(s.invariant_violations == 0);
     CHECK(s.waiting_now == 0);
     CHECK(s.holding_now == 0);
+    CHECK(run.held_snapshots.empty());  // every snapshot came back
+    CHECK(run.free_snapshots.size() == kSnapshots);
+    CHECK(s.snapshots_held == 0);
     for (const auto& [r, m] : run.model) {
       CAPTURE(r);
       CHECK(m.ended.empty());  // every admission that ended was freed
@@ -349,9 +426,16 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     CHECK(run.readmissions > 100);
     CHECK(run.repeated_teardowns > 100);
     CHECK(run.every_rank_dead > 0);
+    CHECK(run.checkpoints_saved > 100);
+    CHECK(run.checkpoints_refused_as_indexed > 100);
+    CHECK(run.snapshots_back == run.checkpoints_saved);  // one back per snapshot save, none pinned here
+    CHECK(s.snapshots_returned == run.snapshots_back);
+    CHECK(run.progress > 50);
     MESSAGE("unparks " << run.unparks << ", completed " << run.completed << ", releases " << run.releases
                        << ", re-admissions " << run.readmissions << ", repeated teardowns " << run.repeated_teardowns
-                       << ", every rank dead " << run.every_rank_dead
+                       << ", every rank dead " << run.every_rank_dead << ", checkpoints " << run.checkpoints_saved
+                       << " saved, " << run.checkpoints_refused_as_indexed << " already indexed, progress saves "
+                       << run.progress
                        << ", drops " << run.transport.drops << ", saves " << is.saves_issued);
   }
 }

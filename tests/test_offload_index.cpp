@@ -857,6 +857,15 @@ TEST_CASE("R19 construction errors throw kvfuse::Error naming the value") {
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::invalid_argument);
   }
+  OffloadIndexOptions eviction = small_options();
+  eviction.hash_eviction = static_cast<HashEviction>(7);
+  try {
+    Index index(eviction);
+    FAIL("an unknown hash eviction was accepted");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("hash_eviction=7") != std::string::npos);
+  }
   try {
     (void)TokenGrid::make(0);
     FAIL("a zero chunk size was accepted");
@@ -909,4 +918,38 @@ TEST_CASE("index: preallocated hashes - drain by visitor - queries on resolved k
   CHECK(seen == 1);
   CHECK(index.pending_resolutions() == 0);
   CHECK(kvfuse::testing::check_consistency(index).ok);
+}
+
+TEST_CASE("index: with spared_tokens eviction a cold checkpoint sparing a long prefill outlives a cold short one") {
+  // Three checkpoints stored through saves (their boundaries travel with them), then a
+  // fourth at the cap of 3: the plain LRU index drops the oldest, the weighted one drops
+  // the one that spares the least prefill among its least recently used.
+  for (const HashEviction eviction : {HashEviction::lru, HashEviction::spared_tokens}) {
+    CAPTURE(to_string(eviction));
+    OffloadIndexOptions o = small_options(3);
+    o.hash_eviction = eviction;
+    Index index(o);
+    auto store = [&](std::uint64_t hash, TokenCount boundary) {
+      auto a = index.request_save(StateSave{SaveKey{PrefixHash{hash}, {}}, SlotId{0}, boundary});
+      REQUIRE(a.admitted());
+      const StateSave dispatched = a.ticket().dispatch();
+      REQUIRE(index.settle_save(SaveSettlement{dispatched.key, SavePhase::released, true}));
+      REQUIRE(index.settle_save(SaveSettlement{dispatched.key, SavePhase::stored, true}));
+    };
+    store(1, 4096);  // the oldest, and it spares the most
+    store(2, 64);
+    store(3, 1024);
+    store(4, 512);
+    CHECK(index.stats().hashes_evicted == 1);
+    CHECK(index.stats().indexed == 3);
+    if (eviction == HashEviction::lru) {
+      CHECK_FALSE(index.could_serve(PrefixHash{1}));
+      CHECK(index.could_serve(PrefixHash{2}));
+    } else {
+      CHECK(index.could_serve(PrefixHash{1}));
+      CHECK_FALSE(index.could_serve(PrefixHash{2}));
+    }
+    CHECK(index.stats().invariant_violations == 0);
+    CHECK(kvfuse::testing::check_consistency(index).ok);
+  }
 }

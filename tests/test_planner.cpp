@@ -110,7 +110,6 @@ Reason rank_verdict(const LoadPlan& plan, const PlanInput& in) {
   if (const std::optional<TokenCount> b = state_boundary(plan)) {
     const StateSpec spec{*b, PrefixHash{2}, SlotId{0}, in.grids.block_tokens, in.grids.chunk_tokens};
     if (const Reason r = check_state_spec(spec, kv ? &*kv : nullptr, geo); r != Reason::none) return r;
-    if (in.layout == StateLayout::dsv4_slot && kv && kv->hbm != 0) return Reason::nonzero_hbm_floor;  // SlotState::load
   }
   return Reason::none;
 }
@@ -216,15 +215,19 @@ TEST_CASE("no_load nothing_servable_above_hbm when no servable boundary lies in 
   CHECK(to_string(NoLoadReason::nothing_servable_above_hbm) == "nothing_servable_above_hbm");
 }
 
-TEST_CASE("no_load dsv4_nonzero_hbm when a DSV4 joint load would start above zero") {
-  check_no_load(Case{1000, 256, 768, {400}, StateLayout::dsv4_slot}, NoLoadReason::dsv4_nonzero_hbm);
-  check_no_load(Case{1000, 48, 512, {400, 512}, StateLayout::dsv4_slot}, NoLoadReason::dsv4_nonzero_hbm);
-  // The same input is a joint load for K3 and for DSV4 from hbm 0.
-  CHECK(Case{1000, 256, 768, {400}, StateLayout::k3_recurrent}.plan() == LoadPlan{JointLoad{256, 512, 400}});
-  CHECK(Case{1000, 0, 768, {400}, StateLayout::dsv4_slot}.plan() == LoadPlan{JointLoad{0, 512, 400}});
-  // A DSV4 state-only load (no KV spec) is accepted with hbm > 0.
-  CHECK(Case{1000, 256, 768, {128, 400}, StateLayout::dsv4_slot}.plan() == LoadPlan{StateOnlyLoad{128}});
-  CHECK(to_string(NoLoadReason::dsv4_nonzero_hbm) == "dsv4_nonzero_hbm");
+TEST_CASE("R11 a DSV4 joint load starts from a nonzero HBM floor, as K3's does, and its ranks accept it") {
+  // The state at B depends only on the tokens before B, wherever their KV sits.
+  for (const StateLayout layout : {StateLayout::dsv4_slot, StateLayout::k3_recurrent}) {
+    CAPTURE(to_string(layout));
+    CHECK(Case{1000, 256, 768, {400}, layout}.plan() == LoadPlan{JointLoad{256, 512, 400}});
+    CHECK(Case{1000, 48, 512, {400, 512}, layout}.plan() == LoadPlan{JointLoad{48, 512, 512}});
+    CHECK(Case{1000, 0, 768, {400}, layout}.plan() == LoadPlan{JointLoad{0, 512, 400}});
+    // The joint load above the floor is preferred to a state-only load below it.
+    CHECK(Case{1000, 256, 768, {128, 400}, layout}.plan() == LoadPlan{JointLoad{256, 512, 400}});
+    // What the planner hands out, the ranks take (check_kv_spec and check_state_spec).
+    const Case c{1000, 48, 512, {400}, layout};
+    CHECK(rank_verdict(c.plan(), c.input()) == Reason::none);
+  }
 }
 
 TEST_CASE("no_load covering_chunk_beyond_lookup when the chunk covering every boundary is not all in the tier") {
@@ -351,9 +354,9 @@ TEST_CASE("planner table of grid and boundary edges for dense and DSV4 and K3") 
       {"k3 floor mid-chunk", {1000, 48, 512, {400}, L::k3_recurrent}, JointLoad{48, 512, 400}, {0, 2}, {3, 32}},
       {"k3 floor and B in one chunk", {1000, 272, 512, {400}, L::k3_recurrent}, JointLoad{272, 512, 400}, {1, 2},
        {17, 32}},
-      {"dsv4 floor mid-chunk refuses joint", {1000, 48, 512, {400}, L::dsv4_slot},
-       NoLoad{NoLoadReason::dsv4_nonzero_hbm}},
-      {"dsv4 floor mid-chunk state-only", {1000, 48, 512, {32, 400}, L::dsv4_slot}, StateOnlyLoad{32}},
+      {"dsv4 floor mid-chunk", {1000, 48, 512, {400}, L::dsv4_slot}, JointLoad{48, 512, 400}, {0, 2}, {3, 32}},
+      {"dsv4 floor mid-chunk: the joint load above it beats the state-only one below", {1000, 48, 512, {32, 400}, L::dsv4_slot},
+       JointLoad{48, 512, 400}, {0, 2}, {3, 32}},
       // A boundary on the checkpoint grid but not the chunk grid: the KV leg runs to the
       // chunk covering B, the request claims B.
       {"k3 B off chunk grid", {1000, 0, 512, {272}, L::k3_recurrent}, JointLoad{0, 512, 272}, {0, 2}, {0, 32}},
@@ -467,12 +470,10 @@ LoadPlan reference_plan(const PlanInput& in) {
       boundary_above = true;
       TokenCount end = 0;
       while (end < b) end += chunk;  // the chunk covering b
-      if (dsv4 && hbm != 0) continue;
       if (leg_available(end)) feasible.emplace_back(JointLoad{hbm, end, b});
     }
     if (feasible.empty()) {
       if (!boundary_above) return NoLoad{NoLoadReason::nothing_servable_above_hbm};
-      if (dsv4 && hbm != 0) return NoLoad{NoLoadReason::dsv4_nonzero_hbm};
       if (!tier_above_hbm) return NoLoad{NoLoadReason::lookup_within_hbm};
       return NoLoad{NoLoadReason::covering_chunk_beyond_lookup};
     }
@@ -672,13 +673,11 @@ LoadPlan wide_reference_plan(const PlanInput& in) {
         continue;
       }
       boundary_above = true;
-      if (dsv4 && hbm != 0) continue;
       const Wide end = wide_ceil(b, chunk);
       if (leg_available(end)) feasible.emplace_back(JointLoad{in.hbm, static_cast<TokenCount>(end), tb});
     }
     if (feasible.empty()) {
       if (!boundary_above) return NoLoad{NoLoadReason::nothing_servable_above_hbm};
-      if (dsv4 && hbm != 0) return NoLoad{NoLoadReason::dsv4_nonzero_hbm};
       if (!tier_above_hbm) return NoLoad{NoLoadReason::lookup_within_hbm};
       return NoLoad{NoLoadReason::covering_chunk_beyond_lookup};
     }

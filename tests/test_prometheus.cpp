@@ -279,6 +279,12 @@ CoordinatorStats coordinator_stats() {
   s.sources_pinned = 2014;
   s.state_legs_waived = 2015;
   s.invariant_violations = 2016;
+  s.checkpoints_planned = 2017;
+  s.checkpoints_saved = 2018;
+  s.checkpoints_deduplicated = 2019;
+  s.progress_saves = 2020;
+  s.snapshots_returned = 2021;
+  s.snapshots_held = 2022;
   return s;
 }
 
@@ -423,6 +429,12 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_coordinator_sources_pinned_total", "", false, uint64_t{2014}},
       {"kvfuse_coordinator_state_legs_waived_total", "", false, uint64_t{2015}},
       {"kvfuse_coordinator_invariant_violations_total", "", false, uint64_t{2016}},
+      {"kvfuse_coordinator_checkpoints_planned_total", "", false, uint64_t{2017}},
+      {"kvfuse_coordinator_checkpoints_saved_total", "", false, uint64_t{2018}},
+      {"kvfuse_coordinator_checkpoints_deduplicated_total", "", false, uint64_t{2019}},
+      {"kvfuse_coordinator_progress_saves_total", "", false, uint64_t{2020}},
+      {"kvfuse_coordinator_snapshots_returned_total", "", false, uint64_t{2021}},
+      {"kvfuse_coordinator_snapshots_held", "", false, uint64_t{2022}},
 
       {"kvfuse_pump_late_reports_total", "", false, uint64_t{3001}},
       {"kvfuse_pump_late_settlements_total", "", false, uint64_t{3002}},
@@ -552,7 +564,7 @@ TEST_CASE("prometheus: every field of every stats struct comes back exactly unde
   const std::vector<Expected> expected = expected_samples();
   std::set<std::string> expected_families;
   for (const Expected& e : expected) expected_families.insert(e.family);
-  CHECK(expected_families.size() == 116);
+  CHECK(expected_families.size() == 122);
   CHECK(parsed.families.size() == expected_families.size());
   CHECK(text.family_count() == expected_families.size());
   CHECK(text.sample_count() == expected.size());

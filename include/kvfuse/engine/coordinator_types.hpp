@@ -12,11 +12,13 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include <kvfuse/bridge/ids.hpp>
 #include <kvfuse/bridge/load_request.hpp>
 #include <kvfuse/bridge/resolution.hpp>
 #include <kvfuse/bridge/save_request.hpp>
+#include <kvfuse/engine/checkpoint_policy.hpp>
 #include <kvfuse/engine/planner.hpp>
 #include <kvfuse/engine/tickets.hpp>
 
@@ -121,6 +123,10 @@ struct AdmitDecision {
   bool parked = false;
   AdmissionId admission{};                ///< the admission this call started (or the parked one: already_parked)
   LoadPlan plan = NoLoad{};
+  /// Stateful models: the boundaries at which the engine should stop this request's
+  /// prefill and hand the state to checkpoint() (the coordinator's CheckpointPolicy over
+  /// this admission: ascending, in (resume, P - 1]); empty for a dense model.
+  std::vector<TokenCount> checkpoints;
   LoadKey key{};                          ///< the load it waits on (parked only)
   TokenCount claimed_tokens = 0;          ///< what the load gives back if it completes (parked only)
   ComputeReason reason = ComputeReason::planned_no_load;  ///< why not (compute only)
@@ -128,6 +134,48 @@ struct AdmitDecision {
   LoadRefusal refusal = LoadRefusal::none;                ///< index_refused only
   std::optional<std::size_t> sub;  ///< admitted through a composition: the sub that owns the KV load
   bool state_waived = false;     ///< a P/D sub won: the servable state leg was waived (R16)
+};
+
+/// What Coordinator::plan() answers: the plan admit() would make for the same request
+/// now, without its side effects (no ticket, no admission, no watermark, no LRU touch).
+struct AdmissionPlan {
+  LoadPlan load = NoLoad{};
+  TokenCount lookup_tokens = 0;          ///< the tier's answer, in whole chunks within P
+  TokenCount claimed_tokens = 0;         ///< what the load gives back if it completes (0 for NoLoad)
+  std::vector<TokenCount> checkpoints;   ///< where the prefill stops to capture state (stateful models)
+};
+
+/// What checkpoint() did with a state the engine captured into a snapshot slot.
+enum class CheckpointResult : std::uint8_t {
+  saved,            ///< a StateSave went to every rank: the snapshot slot comes back in a step's `snapshots`
+  already_indexed,  ///< the index already serves this hash, or a save of it is in flight: nothing sent (counted)
+  not_stateful,     ///< the model has no state: nothing sent
+  refused,          ///< the index could not record the save (out of memory): nothing sent
+  dropped,          ///< the transport dropped it before any rank saw it: nothing read the slot
+};
+
+/// Short, stable name of a CheckpointResult. Thread-safe, noexcept.
+constexpr std::string_view to_string(CheckpointResult r) noexcept {
+  switch (r) {
+    case CheckpointResult::saved: return "saved";
+    case CheckpointResult::already_indexed: return "already_indexed";
+    case CheckpointResult::not_stateful: return "not_stateful";
+    case CheckpointResult::refused: return "refused";
+    case CheckpointResult::dropped: return "dropped";
+  }
+  return "unknown_checkpoint_result";
+}
+
+/// A progress save of a running request: the KV chunks computed so far and, optionally, a
+/// state checkpoint the engine copied into a snapshot slot. The admission goes on; its
+/// blocks are only read. Spans are read during the call only.
+struct ProgressSave {
+  RequestId id;
+  TokenCount computed_tokens = 0;          ///< the frontier: KV exists for [0, computed_tokens)
+  std::span<const PrefixHash> chunk_keys;  ///< as in AdmitRequest, covering at least the frontier
+  std::span<const BlockId> blocks;         ///< as in AdmitRequest
+  std::optional<Checkpoint> checkpoint;    ///< the state to save, held in `snapshot`
+  std::optional<SlotId> snapshot;
 };
 
 /// One request the scheduler resumes. `tokens` = what the load restored (the request
@@ -148,6 +196,9 @@ struct CoordinatorOptions {
   PlanGrids grids;                          ///< must match every rank's geometry
   TokenCount min_load_tokens = 0;           ///< passed to the planner
   std::size_t expected_requests = 1024;     ///< sizes the tables so steady state never rehashes
+  /// Where stateful requests capture state checkpoints (AdmitDecision::checkpoints); the
+  /// default places them at branch points, the prompt's end and every 8 chunks, at most 4.
+  CheckpointPolicy checkpoints{};
 };
 
 /// Counters and gauges of a Coordinator, read in O(1).
@@ -167,6 +218,12 @@ struct CoordinatorStats {
   std::uint64_t overdue = 0;           ///< loads the last tick() found in flight past the threshold
   std::uint64_t sources_pinned = 0;    ///< saves whose source some rank could not confirm free: kept pinned, never freed
   std::uint64_t state_legs_waived = 0;  ///< admissions where a P/D sub won and a servable state leg was waived (R16)
+  std::uint64_t checkpoints_planned = 0;      ///< prefill checkpoints handed out in AdmitDecision::checkpoints
+  std::uint64_t checkpoints_saved = 0;        ///< state checkpoints sent to the ranks (mid-prefill, progress and finish)
+  std::uint64_t checkpoints_deduplicated = 0; ///< checkpoints not sent: the index already served the hash or a save of it was in flight
+  std::uint64_t progress_saves = 0;           ///< save_progress calls that sent something
+  std::uint64_t snapshots_returned = 0;       ///< snapshot slots handed back in a step's `snapshots`
+  std::uint64_t snapshots_held = 0;           ///< snapshot slots some rank may still read now (gauge)
   std::uint64_t invariant_violations = 0;  ///< stats() audits that failed, plus double unparks
 };
 

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string_view>
 
 #include <kvfuse/bridge/ids.hpp>
 #include <kvfuse/engine/capability.hpp>
@@ -28,6 +29,23 @@ concept IndexClock = requires {
   { C::duration::zero() } -> std::convertible_to<typename C::duration>;
 };
 
+/// Which indexed state hash goes when the index is at its cap.
+enum class HashEviction : std::uint8_t {
+  lru,            ///< the least recently used
+  spared_tokens,  ///< the lightest of the 8 least recently used: the checkpoint that spares the fewest
+                  ///< tokens of prefill (its boundary) goes first; every state entry of a model has the
+                  ///< same size, so this is Marconi's tokens-spared-per-byte order (docs/reference.md)
+};
+
+/// Stable name of a HashEviction ("lru", "spared_tokens"). Thread-safe, noexcept.
+constexpr std::string_view to_string(HashEviction e) noexcept {
+  switch (e) {
+    case HashEviction::lru: return "lru";
+    case HashEviction::spared_tokens: return "spared_tokens";
+  }
+  return "unknown_hash_eviction";
+}
+
 /// Construction options of OffloadIndex. See index_options_for() to derive them from a
 /// Capability.
 struct OffloadIndexOptions {
@@ -43,6 +61,8 @@ struct OffloadIndexOptions {
   bool state_tier = true;
   /// Allocate the whole hash table at construction, so note_stored never allocates.
   bool preallocate_hashes = false;
+  /// Which hash goes at the cap; an out-of-range value is refused at construction.
+  HashEviction hash_eviction = HashEviction::lru;
   /// The last generation an earlier incarnation issued: generations continue after it.
   Generation last_issued{};
 };

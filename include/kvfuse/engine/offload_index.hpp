@@ -101,7 +101,8 @@ class OffloadIndex final : private detail::TicketSink {
   /// for bad options.
   explicit OffloadIndex(OffloadIndexOptions options)
       : options_(validated(options)),
-        hashes_(options_.hash_capacity, options_.preallocate_hashes),
+        hashes_(options_.hash_capacity, options_.preallocate_hashes,
+                options_.hash_eviction == HashEviction::spared_tokens ? spared_tokens_window : 1),
         generations_(options_.last_issued),
         slot_owner_(options_.slot_count, detail::npos32) {}
 
@@ -120,11 +121,14 @@ class OffloadIndex final : private detail::TicketSink {
 
   // ---------------------------------------------------------------- indexed hashes
 
-  /// Indexes `hash` as most recently used (or touches it). At the cap the least recently
-  /// used hash is evicted and counted in hashes_evicted. Call it only when every rank
-  /// stored the entry (settle_save does). Scheduler thread only; noexcept; O(1) amortised.
-  void note_stored(PrefixHash hash) noexcept {
-    const auto r = hashes_.insert_or_touch(hash);
+  /// Indexes `hash` as most recently used (or touches it); `spared_tokens` is the prefill
+  /// its checkpoint spares (its boundary), which the spared_tokens eviction weighs. At the
+  /// cap a hash is evicted (the least recently used, or the lightest of the 8 least
+  /// recently used with HashEviction::spared_tokens) and counted in hashes_evicted. Call it
+  /// only when every live rank stored the entry (settle_save does, with the save's
+  /// boundary). Scheduler thread only; noexcept; O(1) amortised.
+  void note_stored(PrefixHash hash, TokenCount spared_tokens = 0) noexcept {
+    const auto r = hashes_.insert_or_touch(hash, weight_of(spared_tokens));
     if (r.evicted) {
       ++stats_.hashes_evicted;
       --stats_.indexed;
@@ -445,7 +449,9 @@ class OffloadIndex final : private detail::TicketSink {
       return SaveAdmission<Save>(SaveRefusal::out_of_memory);
     }
     save.key.generation = generations_.next();
-    saves_.insert(save.key, save_value(std::same_as<Save, StateSave> ? SaveKind::state : SaveKind::kv, false));
+    TokenCount spared = 0;
+    if constexpr (std::same_as<Save, StateSave>) spared = save.boundary_tokens;
+    saves_.insert(save.key, save_value(std::same_as<Save, StateSave> ? SaveKind::state : SaveKind::kv, false, spared));
     ++stats_.saves_issued;
     return SaveAdmission<Save>(SaveTicket<Save>(this, std::move(save)));
   }
@@ -477,7 +483,7 @@ class OffloadIndex final : private detail::TicketSink {
     (void)saves_.erase(s.key);
     if (s.ok) {
       ++stats_.saves_stored;
-      if ((v & save_state_bit) != 0) note_stored(s.key.hash);
+      if ((v & save_state_bit) != 0) note_stored(s.key.hash, v >> save_weight_shift);
     } else {
       ++stats_.saves_failed;
     }
@@ -543,6 +549,10 @@ class OffloadIndex final : private detail::TicketSink {
     if (o.hash_capacity == 0 || o.hash_capacity > (std::size_t{1} << 31))
       throw Error(ErrorCode::invalid_argument,
                   "OffloadIndexOptions::hash_capacity must be in [1, 2^31], got " + std::to_string(o.hash_capacity));
+    if (o.hash_eviction != HashEviction::lru && o.hash_eviction != HashEviction::spared_tokens)
+      throw Error(ErrorCode::invalid_argument, "OffloadIndexOptions::hash_eviction=" +
+                                                   std::to_string(static_cast<unsigned>(o.hash_eviction)) +
+                                                   " is not a HashEviction (lru, spared_tokens)");
     if (o.slot_count > (std::uint32_t{1} << 24))
       throw Error(ErrorCode::invalid_argument,
                   "OffloadIndexOptions::slot_count must be at most 2^24, got " + std::to_string(o.slot_count));
@@ -591,10 +601,21 @@ class OffloadIndex final : private detail::TicketSink {
     return true;
   }
 
-  static constexpr std::uint32_t save_state_bit = 1, save_dispatched_bit = 2;
-  static constexpr std::uint32_t save_value(SaveKind kind, bool dispatched) noexcept {
-    return (kind == SaveKind::state ? save_state_bit : 0) | (dispatched ? save_dispatched_bit : 0);
+  // A save's table value: its kind and dispatched bits, and above them the tokens a state
+  // save's checkpoint spares (its boundary, saturated below 2^30 - 1 so that the value is
+  // never npos32), for the weighted eviction when it is indexed.
+  static constexpr std::uint32_t save_state_bit = 1, save_dispatched_bit = 2, save_weight_shift = 2;
+  static constexpr std::uint32_t save_value(SaveKind kind, bool dispatched, TokenCount spared = 0) noexcept {
+    const std::uint32_t weight = static_cast<std::uint32_t>(std::min<TokenCount>(spared, (std::uint32_t{1} << 30) - 2));
+    return (weight << save_weight_shift) | (kind == SaveKind::state ? save_state_bit : 0) |
+           (dispatched ? save_dispatched_bit : 0);
   }
+  // The eviction weight of a checkpoint sparing `tokens`: saturated to 32 bits.
+  static constexpr std::uint32_t weight_of(TokenCount tokens) noexcept {
+    return static_cast<std::uint32_t>(std::min<TokenCount>(tokens, UINT32_MAX));
+  }
+  // The spared_tokens eviction looks at this many least recently used hashes.
+  static constexpr std::uint32_t spared_tokens_window = 8;
 
   // The one place a load ends: counters, tables, the hash (on a genuine miss), the
   // resolution queue, and, last, the orphan's slot.

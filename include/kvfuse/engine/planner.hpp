@@ -29,7 +29,8 @@
 //                             past B, even past P - 1, but never past lookup_tokens (<= P); the
 //                             request claims B tokens and never more (the KV in [B, end) is
 //                             loaded only because the tier moves whole chunks, and is
-//                             overwritten by the recompute); DSV4: hbm == 0.
+//                             overwritten by the recompute). Any block-aligned hbm, DSV4
+//                             included.
 //   StateOnlyLoad{boundary}   stateful models only. The KV of [0, B) is already resident
 //                             (0 < B <= hbm, B <= P - 1); only the state checkpoint at B moves:
 //                             the LoadRequest carries no KV spec at all (R10). The request
@@ -48,13 +49,14 @@
 //      and 0 < B <= P - 1 (B = P is never chosen: the last token is always computed).
 //      A joint candidate has B > hbm and its covering chunk within the lookup
 //      (ceil_chunk(B) <= lookup, i.e. the KV of [0, B) is in HBM ∪ tier); a state-only
-//      candidate has B <= hbm. The plan is the highest joint candidate — unless the model is
-//      DSV4 and hbm > 0 (ranks refuse a DSV4 load with a KV leg and a nonzero floor) — else
-//      the highest state-only candidate. A joint load always claims more than a state-only
-//      one (B > hbm >= B'), so "prefer the load that claims more" and "prefer a joint load"
-//      are the same rule. With no plan the reason is, in this order:
-//      nothing_servable_above_hbm (no candidate above hbm), dsv4_nonzero_hbm,
-//      lookup_within_hbm (lookup <= hbm), covering_chunk_beyond_lookup.
+//      candidate has B <= hbm. The plan is the highest joint candidate, else the highest
+//      state-only candidate, for DSV4 and K3 alike: the state at B depends only on the
+//      tokens before B, wherever their KV sits, so a joint load may start at any
+//      block-aligned floor (DESIGN §9, 2026-12-01). A joint load always claims more than a
+//      state-only one (B > hbm >= B'), so "prefer the load that claims more" and "prefer a
+//      joint load" are the same rule. With no plan the reason is, in this order:
+//      nothing_servable_above_hbm (no candidate above hbm), lookup_within_hbm
+//      (lookup <= hbm), covering_chunk_beyond_lookup.
 //   4. Minimum size: a plan that spares fewer than `min_load_tokens` tokens of prefill is
 //      load_too_small. A dense load spares end - hbm (its HBM prefix is usable without a
 //      load); a stateful load spares all B tokens it claims (without a state at some
@@ -134,7 +136,6 @@ enum class NoLoadReason : std::uint8_t {
   chunk_holds_last_token,        ///< dense: every tier chunk above hbm reaches the last prompt token
   nothing_servable_above_hbm,    ///< stateful: no servable boundary B with 0 < B <= P - 1 at all
                                  ///< (none above hbm and none at or below it)
-  dsv4_nonzero_hbm,              ///< DSV4 with hbm > 0 and only boundaries above hbm: ranks refuse the floor
   covering_chunk_beyond_lookup,  ///< stateful: the chunk covering every boundary above hbm is not all in the tier
   load_too_small,                ///< the best load spares fewer than min_load_tokens tokens of prefill
   /// The chunk holding the prompt's last token would end past 2^64 - 1 (P > the chunk
@@ -157,7 +158,6 @@ constexpr std::string_view to_string(NoLoadReason r) noexcept {
     case NoLoadReason::lookup_within_hbm: return "lookup_within_hbm";
     case NoLoadReason::chunk_holds_last_token: return "chunk_holds_last_token";
     case NoLoadReason::nothing_servable_above_hbm: return "nothing_servable_above_hbm";
-    case NoLoadReason::dsv4_nonzero_hbm: return "dsv4_nonzero_hbm";
     case NoLoadReason::covering_chunk_beyond_lookup: return "covering_chunk_beyond_lookup";
     case NoLoadReason::load_too_small: return "load_too_small";
     case NoLoadReason::prompt_too_long_for_grids: return "prompt_too_long_for_grids";
@@ -181,7 +181,7 @@ struct KvOnlyLoad {
 /// Stateful: restore the state at `boundary` and fill [hbm, end); the request claims
 /// `boundary` tokens, never `end`.
 struct JointLoad {
-  TokenCount hbm = 0;       ///< the HBM floor (0 for DSV4)
+  TokenCount hbm = 0;       ///< the HBM floor, on the block grid (any, DSV4 included)
   TokenCount end = 0;       ///< the chunk covering `boundary`; <= lookup
   TokenCount boundary = 0;  ///< B: hbm < B <= P - 1, on the block grid, servable
   friend constexpr bool operator==(JointLoad, JointLoad) noexcept = default;
@@ -236,8 +236,7 @@ constexpr LoadPlan plan_load(const PlanInput& in) noexcept {
       if (b <= lookup) joint_b = std::max(joint_b, b);
     }
   }
-  const bool floor_accepted = in.layout != StateLayout::dsv4_slot || hbm == 0;
-  if (joint_b > 0 && floor_accepted) {
+  if (joint_b > 0) {
     if (joint_b < in.min_load_tokens) return NoLoad{NoLoadReason::load_too_small};
     return JointLoad{hbm, chunks.ceil(joint_b), joint_b};
   }
@@ -246,7 +245,6 @@ constexpr LoadPlan plan_load(const PlanInput& in) noexcept {
     return StateOnlyLoad{state_b};
   }
   if (!any_above) return NoLoad{NoLoadReason::nothing_servable_above_hbm};
-  if (!floor_accepted) return NoLoad{NoLoadReason::dsv4_nonzero_hbm};
   if (lookup <= hbm) return NoLoad{NoLoadReason::lookup_within_hbm};
   return NoLoad{NoLoadReason::covering_chunk_beyond_lookup};
 }

@@ -160,9 +160,11 @@ struct SlotSidecar {
 };
 
 /// DeepSeek-V4 slot state: runs after the KV leg on the load lane (page retrieve, sidecar
-/// validation, slot scatter, one record). A stateful DSV4 load must start from hbm = 0
-/// (the slot state is rebuilt together with the pages); a nonzero floor is refused.
-/// Built on `no_state_tier`, it behaves like RecurrentState without a tier (R14).
+/// validation, slot scatter, one record). The KV leg may start at any block-aligned HBM
+/// floor: the slot state at B depends only on the tokens before B, wherever their KV sits;
+/// the sidecar check (the stored entry's boundary hash and length match the spec) is what
+/// guards a wrong entry. Built on `no_state_tier`, it behaves like RecurrentState without
+/// a tier (R14).
 template <Tier T>
 class SlotState {
  public:
@@ -183,7 +185,6 @@ class SlotState {
   /// Validates the sidecar, then scatters the payload into the slot. Noexcept, no allocation.
   template <Runtime R>
   StateVerdict load(const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) const noexcept {
-    if (kv != nullptr && kv->hbm != 0) return {StateOutcome::refused, Reason::nonzero_hbm_floor};
     const detail::StateFetch fetched = detail::fetch_state(tier_, spec, kv, lane);
     if (fetched.verdict) return *fetched.verdict;
     const TierView& view = fetched.view;

@@ -158,6 +158,12 @@ inline constexpr Field<CoordinatorStats> coordinator_fields[] = {
     gauge<&CoordinatorStats::overdue>("overdue", "Loads the last tick found in flight past the threshold."),
     counter<&CoordinatorStats::sources_pinned>("sources_pinned", "Saves whose source some rank could not confirm free, kept pinned."),
     counter<&CoordinatorStats::state_legs_waived>("state_legs_waived", "Admissions where a P/D sub won and a servable state leg was waived."),
+    counter<&CoordinatorStats::checkpoints_planned>("checkpoints_planned", "Prefill checkpoints handed out in admit decisions."),
+    counter<&CoordinatorStats::checkpoints_saved>("checkpoints_saved", "State checkpoints sent to the ranks."),
+    counter<&CoordinatorStats::checkpoints_deduplicated>("checkpoints_deduplicated", "Checkpoints not sent: their hash was served or being saved."),
+    counter<&CoordinatorStats::progress_saves>("progress_saves", "save_progress calls that sent something."),
+    counter<&CoordinatorStats::snapshots_returned>("snapshots_returned", "Snapshot slots handed back in a step."),
+    gauge<&CoordinatorStats::snapshots_held>("snapshots_held", "Snapshot slots some rank may still read now."),
     counter<&CoordinatorStats::invariant_violations>("invariant_violations", "Coordinator stats audits that failed, plus double unparks."),
 };
 

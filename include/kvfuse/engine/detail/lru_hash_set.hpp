@@ -53,6 +53,14 @@ namespace kvfuse::detail {
 /// factor without long probe runs. The array holds at least two slots from construction, so
 /// the first hash always fits and the set never fails to index a hash.
 ///
+/// Eviction. With an eviction window of 1 (the default) the least recently used hash goes.
+/// With a window w > 1, each hash carries a weight (the tokens its checkpoint spares) in an
+/// array beside the slots, read only when evicting: the victim is the lightest of the w least
+/// recently used hashes (the least recent among equals), so a cold checkpoint that spares a
+/// long prefill outlives a cold one that spares a short one (Marconi's rule; every state entry
+/// of a model has the same size, so tokens per byte orders them as tokens do). Lookups never
+/// touch the weights.
+///
 /// Two counts are kept by different code: `size()` by the slots filled and emptied,
 /// `lru_length()` by the list links. OffloadIndex compares them (and its own counter) on
 /// every stats() read, an O(1) cross-check that the two views of the one structure still
@@ -73,12 +81,14 @@ class LruHashSet {
     PrefixHash evicted_hash{};    ///< which one, when `evicted`
   };
 
-  /// A set holding at most `capacity` hashes (1 <= capacity <= 2^31; the caller checks).
-  /// With `preallocate`, the whole slot array is allocated here and no later call
-  /// allocates. May throw std::bad_alloc (construction only).
-  LruHashSet(std::size_t capacity, bool preallocate)
-      : capacity_(capacity), max_slots_(max_slots_for(capacity)) {
+  /// A set holding at most `capacity` hashes (1 <= capacity <= 2^31; the caller checks),
+  /// evicting the lightest of its `eviction_window` least recently used hashes (1: plain
+  /// LRU; >= 1, the caller checks). With `preallocate`, the whole slot array is allocated
+  /// here and no later call allocates. May throw std::bad_alloc (construction only).
+  LruHashSet(std::size_t capacity, bool preallocate, std::uint32_t eviction_window = 1)
+      : capacity_(capacity), max_slots_(max_slots_for(capacity)), window_(eviction_window) {
     slots_.assign(preallocate ? max_slots_ : std::min<std::size_t>(kMinSlots, max_slots_), kEmptySlot);
+    if (weighted()) weights_.assign(slots_.size(), 0);
   }
 
   /// The most hashes the set holds. O(1).
@@ -101,10 +111,12 @@ class LruHashSet {
     return true;
   }
 
-  /// Inserts `h` as most recently used, or touches it if present. At the cap, evicts the
-  /// least recently used hash first (or when the array must grow and cannot). Never throws.
-  /// O(1) amortised; a growth re-inserts every hash (counted as walk steps).
-  InsertResult insert_or_touch(PrefixHash h) noexcept {
+  /// Inserts `h` as most recently used, or touches it if present; `weight` (the tokens its
+  /// checkpoint spares) is kept for a weighted eviction and ignored otherwise. At the cap,
+  /// evicts first (see Eviction above; also when the array must grow and cannot). Never
+  /// throws. O(1) amortised, plus the window when it evicts; a growth re-inserts every hash
+  /// (counted as walk steps).
+  InsertResult insert_or_touch(PrefixHash h, std::uint32_t weight = 0) noexcept {
     InsertResult r;
     // One probe answers both questions: is h here, and if not, which slot would take it
     // (the empty slot that ended the probe).
@@ -117,6 +129,7 @@ class LruHashSet {
     });
     if (found != slots_.size()) {
       move_to_front(static_cast<std::uint32_t>(found));
+      if (weighted()) weights_[found] = weight;
       r.outcome = Outcome::touched;
       return r;
     }
@@ -134,6 +147,7 @@ class LruHashSet {
     }
     if (moved) at = first_empty(slots_.data(), slots_.size(), h);
     slots_[at].hash = h;
+    if (weighted()) weights_[at] = weight;
     ++filled_;
     list_push_front(at);
     return r;
@@ -277,8 +291,17 @@ class LruHashSet {
     list_push_front(n);
   }
 
+  [[nodiscard]] bool weighted() const noexcept { return window_ > 1; }
+
+  // The least recently used hash, or with a window the lightest of the window's least
+  // recently used ones (the least recent among equals).
   void evict_lru(InsertResult& r) noexcept {
-    const std::uint32_t victim = tail_;
+    std::uint32_t victim = tail_;
+    if (weighted()) {
+      std::uint32_t n = slots_[tail_].prev;
+      for (std::uint32_t seen = 1; seen < window_ && n != npos32; ++seen, n = slots_[n].prev)
+        if (weights_[n] < weights_[victim]) victim = n;
+    }
     r.evicted = true;
     r.evicted_hash = slots_[victim].hash;
     remove_slot(victim);
@@ -299,6 +322,7 @@ class LruHashSet {
   void relocate(std::uint32_t from, std::uint32_t to) noexcept {
     const Slot s = slots_[from];
     slots_[to] = s;
+    if (weighted()) weights_[to] = weights_[from];
     if (s.prev != npos32) slots_[s.prev].next = to; else head_ = to;
     if (s.next != npos32) slots_[s.next].prev = to; else tail_ = to;
   }
@@ -309,8 +333,10 @@ class LruHashSet {
   bool grow() noexcept {
     const std::size_t count = std::min(slots_.size() * 2, max_slots_);
     std::vector<Slot> fresh;
+    std::vector<std::uint32_t> fresh_weights;
     try {
       fresh.assign(count, kEmptySlot);
+      if (weighted()) fresh_weights.assign(count, 0);
     } catch (...) {
       return false;
     }
@@ -320,10 +346,12 @@ class LruHashSet {
       ++walks_;
       const std::uint32_t m = first_empty(fresh.data(), count, slots_[n].hash);
       fresh[m] = Slot{slots_[n].hash, prev, npos32};
+      if (weighted()) fresh_weights[m] = weights_[n];
       if (prev != npos32) fresh[prev].next = m; else head = m;
       prev = m;
     }
     slots_.swap(fresh);
+    weights_.swap(fresh_weights);
     head_ = head;
     tail_ = prev;
     return true;
@@ -348,7 +376,9 @@ class LruHashSet {
 
   std::size_t capacity_;
   std::size_t max_slots_;  // the full-size array: 2 * bit_ceil(capacity_), or 2^32 - 2
+  std::uint32_t window_;   // 1: LRU; more: the weighted eviction's window
   std::vector<Slot> slots_;
+  std::vector<std::uint32_t> weights_;  // beside slots_, same indices; empty unless weighted
   std::uint32_t head_ = npos32;  // most recently used
   std::uint32_t tail_ = npos32;  // least recently used
   std::size_t filled_ = 0;
