@@ -89,8 +89,9 @@ def faults(replay):
             fail(f"no {kind} load happened")
     if models["multi"]["loads"]["pd_transfer"] == 0:
         fail("multi: the P/D sub never won")
-    if "joint_state_after_kv" not in models["k3"]["latency"]:
-        fail("k3: no latency with the state leg after KV")
+    serial = models["k3"]["comparison"]
+    if serial is None or serial["model"] != "k3-serial" or serial["latency"]["joint"]["count"] == 0:
+        fail(f"k3: no joint load timed with the state leg after KV: {serial}")
 
 
 def trace(replay, path):

@@ -1,161 +1,159 @@
-// kvfuse-replay: one rank's tier, as an engine would deploy it on one machine — a bounded
-// MemoryTier in front of a DiskTier in a directory of its own (TieredTier) — plus the knobs
-// the faults need: a slow rank's latency, and closing and reopening the disk tier mid-run
-// (a restart: the reopened DiskTier rebuilds its catalogue from the files, so what was stored
-// before is served after). The lanes keep calling get/put while a reopen waits for them.
-// With --tier redis the rank's tier is a RedisTier instead: one connection pool per rank
-// to a redis-server every rank (and every engine) shares.
+// kvfuse-replay: the tier every rank's legs talk to. RankTier<Inner> wraps whatever the
+// --tier choice builds (tiers.hpp) with what the replay needs of every tier: a delay on gets
+// (the slow fault) and a count of the calls by kind (the report's "tier reads per KV load").
+//
+// TierControl is the same tier seen from the engine (the lookup, the faults, the report),
+// which does not know the connector or the tier type of its ranks.
 #pragma once
 
-#include <kvfuse/device/host_runtime.hpp>
-#include <kvfuse/tier/disk_tier.hpp>
+#include "local_tier.hpp"
+
 #include <kvfuse/tier/memory_tier.hpp>
 #include <kvfuse/tier/redis_tier_stats.hpp>
-#include <kvfuse/tier/tiered_tier.hpp>
-#if KVFUSE_REPLAY_WITH_REDIS
-#include <kvfuse/tier/redis_tier.hpp>
-#endif
+#include <kvfuse/tier/tier.hpp>
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
-#include <memory>
-#include <mutex>
 #include <optional>
-#include <shared_mutex>
+#include <span>
 #include <thread>
+#include <type_traits>
+#include <utility>
 
 namespace replay {
 
-using MemoryFront = kvfuse::MemoryTier<>;
-using Stack = kvfuse::TieredTier<MemoryFront, kvfuse::DiskTier>;
-
-/// What one rank's tier is made of.
-struct TierSpec {
-  std::size_t memory_bytes = std::size_t{1} << 20;  ///< the memory tier's capacity
-  std::optional<std::filesystem::path> disk;        ///< a DiskTier behind it, in this directory
-#if KVFUSE_REPLAY_WITH_REDIS
-  std::optional<kvfuse::RedisTierOptions> redis;    ///< instead of both: a RedisTier
-#endif
+/// Calls a rank's legs and the engine made into its tier, by kind. For a remote tier each is
+/// one exchange (one round trip).
+struct TierCalls {
+  std::uint64_t kv_reads = 0;        ///< get or get_batch calls for KV chunks
+  std::uint64_t kv_chunks_read = 0;  ///< KV chunks those calls asked for
+  std::uint64_t state_reads = 0;     ///< gets of state checkpoints
+  std::uint64_t puts = 0;
+  std::uint64_t contains = 0;
+  std::uint64_t erases = 0;
+  std::uint64_t total() const noexcept { return kv_reads + state_reads + puts + contains + erases; }
+  TierCalls& operator+=(const TierCalls& o) noexcept {
+    kv_reads += o.kv_reads;
+    kv_chunks_read += o.kv_chunks_read;
+    state_reads += o.state_reads;
+    puts += o.puts;
+    contains += o.contains;
+    erases += o.erases;
+    return *this;
+  }
 };
 
-/// The tier of one rank. Thread-safe (the Tier concept's promise): any lane may call
-/// get/put/contains/erase while the scheduler thread reopens the disk.
-class RankTier {
+/// Every counter of one rank's tier after a run; a part the tier does not have is empty.
+struct TierSnapshot {
+  TierCalls calls;
+  std::optional<kvfuse::MemoryTierStats> memory;
+  std::optional<kvfuse::DiskTierStats> disk;        ///< the open DiskTier's
+  std::optional<kvfuse::TieredTierStats> stack;
+  std::optional<kvfuse::RedisTierStats> redis;
+  std::uint64_t quarantined = 0;                    ///< files quarantined, closed DiskTiers included
+};
+
+/// One rank's tier as the engine uses it, whatever it is made of. Thread-safe as the tier.
+class TierControl {
  public:
-  /// Throws kvfuse::Error naming what could not be opened (a directory, a server).
-  explicit RankTier(const TierSpec& spec) : front_(spec.memory_bytes), dir_(spec.disk) {
-#if KVFUSE_REPLAY_WITH_REDIS
-    if (spec.redis) {
-      redis_ = std::make_unique<kvfuse::RedisTier>(*spec.redis);
-      return;
-    }
-#endif
-    open();
-  }
+  virtual ~TierControl() = default;
+  /// The Tier concept's contains and erase (the lookup; the faults).
+  virtual bool contains(const kvfuse::TierKey& key) const noexcept = 0;
+  virtual bool erase(const kvfuse::TierKey& key) noexcept = 0;
+  /// Every later get sleeps this long first (a slow rank).
+  virtual void set_delay(std::chrono::microseconds d) noexcept = 0;
+  /// Closes and reopens the disk tier: {entries before, entries + quarantined after}; {0, 0}
+  /// for a tier without a disk. Scheduler thread.
+  virtual std::pair<std::size_t, std::size_t> reopen_disk() = 0;
+  /// Drops `key` from a memory front only; false when there is none.
+  virtual bool erase_from_memory(const kvfuse::TierKey& key) noexcept = 0;
+  /// The disk file of `key`; empty for a tier without a disk.
+  virtual std::filesystem::path disk_path(const kvfuse::TierKey& key) const = 0;
+  virtual TierSnapshot snapshot() const = 0;
+};
+
+/// Wraps `Inner`, built in place (a tier need not be movable). get sleeps for the delay
+/// first. Thread-safe exactly as far as Inner is.
+template <kvfuse::Tier Inner>
+class RankTier final : public TierControl {
+ public:
+  /// Builds Inner from what `make()` returns. Throws what Inner's construction throws.
+  template <class Make>
+  explicit RankTier(Make&& make) : inner_(std::forward<Make>(make)()) {}
   RankTier(const RankTier&) = delete;
   RankTier& operator=(const RankTier&) = delete;
 
   kvfuse::TierView get(const kvfuse::TierKey& key, std::span<std::byte> staging) noexcept {
-    if (const auto us = delay_us_.load(std::memory_order_relaxed); us != 0)
-      std::this_thread::sleep_for(std::chrono::microseconds(us));
-#if KVFUSE_REPLAY_WITH_REDIS
-    if (redis_) return redis_->get(key, staging);
-#endif
-    std::shared_lock lock(mu_);
-    return stack_ ? stack_->get(key, staging) : front_.get(key, staging);
+    delay();
+    if (key.kind == kvfuse::EntryKind::kv_chunk) {
+      count(kv_reads_);
+      count(kv_chunks_read_);
+    } else {
+      count(state_reads_);
+    }
+    return inner_.get(key, staging);
   }
   bool put(const kvfuse::TierKey& key, std::span<const std::byte> bytes) noexcept {
-#if KVFUSE_REPLAY_WITH_REDIS
-    if (redis_) return redis_->put(key, bytes);
-#endif
-    std::shared_lock lock(mu_);
-    return stack_ ? stack_->put(key, bytes) : front_.put(key, bytes);
+    count(puts_);
+    return inner_.put(key, bytes);
   }
-  bool contains(const kvfuse::TierKey& key) const noexcept {
-#if KVFUSE_REPLAY_WITH_REDIS
-    if (redis_) return redis_->contains(key);
-#endif
-    std::shared_lock lock(mu_);
-    return stack_ ? stack_->contains(key) : front_.contains(key);
+  bool contains(const kvfuse::TierKey& key) const noexcept override {
+    count(contains_);
+    return inner_.contains(key);
   }
-  bool erase(const kvfuse::TierKey& key) noexcept {
-#if KVFUSE_REPLAY_WITH_REDIS
-    if (redis_) return redis_->erase(key);
-#endif
-    std::shared_lock lock(mu_);
-    return stack_ ? stack_->erase(key) : front_.erase(key);
+  bool erase(const kvfuse::TierKey& key) noexcept override {
+    count(erases_);
+    return inner_.erase(key);
   }
 
-  /// Fault: every get sleeps this long first (a slow rank).
-  void set_delay(std::chrono::microseconds d) noexcept { delay_us_.store(static_cast<std::uint32_t>(d.count())); }
-
-  /// Fault: the disk tier closes and opens again over the same directory. Returns the
-  /// catalogue size before, and after plus the files the opening scan quarantined (equal:
-  /// nothing stored was lost; a corrupted file is dropped, never served). Scheduler thread.
-  std::pair<std::size_t, std::size_t> reopen_disk() {
-    std::unique_lock lock(mu_);
-    if (!disk_) return {0, 0};
-    const std::size_t before = disk_->stats().entries;
-    stack_.reset();
-    open();
-    const auto after = disk_->stats();
-    return {before, after.entries + after.quarantined};
+  void set_delay(std::chrono::microseconds d) noexcept override {
+    delay_us_.store(static_cast<std::uint32_t>(d.count()), std::memory_order_relaxed);
+  }
+  std::pair<std::size_t, std::size_t> reopen_disk() override {
+    if constexpr (std::is_same_v<Inner, LocalTier>) return inner_.reopen_disk();
+    else return {0, 0};
+  }
+  bool erase_from_memory(const kvfuse::TierKey& key) noexcept override {
+    if constexpr (std::is_same_v<Inner, LocalTier>) return inner_.erase_from_memory(key);
+    else return false;
+  }
+  std::filesystem::path disk_path(const kvfuse::TierKey& key) const override {
+    if constexpr (std::is_same_v<Inner, LocalTier>) return inner_.disk_path(key);
+    else return {};
+  }
+  TierSnapshot snapshot() const override {
+    TierSnapshot s;
+    s.calls = TierCalls{load(kv_reads_), load(kv_chunks_read_), load(state_reads_), load(puts_), load(contains_), load(erases_)};
+    if constexpr (std::is_same_v<Inner, LocalTier>) {
+      s.memory = inner_.memory_stats();
+      s.disk = inner_.disk_stats();
+      s.stack = inner_.stack_stats();
+      s.quarantined = inner_.closed_disk_stats().quarantined + (s.disk ? s.disk->quarantined : 0);
+    } else if constexpr (requires { { inner_.stats() } -> std::same_as<kvfuse::RedisTierStats>; }) {
+      s.redis = inner_.stats();
+    }
+    return s;
   }
 
-  /// Drops `key` from the memory front only (so the next get reads the disk file).
-  bool erase_from_memory(const kvfuse::TierKey& key) noexcept { return front_.erase(key); }
-  /// Where the disk file of `key` lives (empty for a memory-only tier).
-  std::filesystem::path disk_path(const kvfuse::TierKey& key) const {
-    std::shared_lock lock(mu_);
-    return disk_ ? disk_->path_of(key) : std::filesystem::path{};
-  }
-
-  kvfuse::MemoryTierStats memory_stats() const noexcept { return front_.stats(); }
-  std::optional<kvfuse::RedisTierStats> redis_stats() const noexcept {
-#if KVFUSE_REPLAY_WITH_REDIS
-    if (redis_) return redis_->stats();
-#endif
-    return std::nullopt;
-  }
-  std::optional<kvfuse::DiskTierStats> disk_stats() const noexcept {
-    std::shared_lock lock(mu_);
-    if (!disk_) return std::nullopt;
-    return disk_->stats();
-  }
-  std::optional<kvfuse::TieredTierStats> stack_stats() const noexcept {
-    std::shared_lock lock(mu_);
-    if (!stack_) return std::nullopt;
-    return stack_->stats();
-  }
-  /// Disk counters of the DiskTier objects this tier closed (a reopen starts them at zero).
-  const kvfuse::DiskTierStats& closed_disk_stats() const noexcept { return closed_; }
+  /// The wrapped tier.
+  Inner& inner() noexcept { return inner_; }
 
  private:
-  void open() {
-    if (!dir_) return;
-    if (disk_) {
-      const auto s = disk_->stats();
-      closed_.quarantined += s.quarantined;
-      closed_.get_failures += s.get_failures;
-      closed_.puts += s.puts;
-      closed_.io_errors += s.io_errors;
-    }
-    disk_.reset();
-    disk_ = std::make_unique<kvfuse::DiskTier>(*dir_);
-    stack_ = std::make_unique<Stack>(front_, *disk_);
+  using Counter = std::atomic<std::uint64_t>;
+  static void count(Counter& c, std::uint64_t n = 1) noexcept { c.fetch_add(n, std::memory_order_relaxed); }
+  static std::uint64_t load(const Counter& c) noexcept { return c.load(std::memory_order_relaxed); }
+  void delay() const noexcept {
+    if (const auto us = delay_us_.load(std::memory_order_relaxed); us != 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(us));
   }
 
-  mutable std::shared_mutex mu_;  // shared: every tier call; exclusive: reopen
-  MemoryFront front_;
-  std::optional<std::filesystem::path> dir_;
-  std::unique_ptr<kvfuse::DiskTier> disk_;
-  std::unique_ptr<Stack> stack_;
-#if KVFUSE_REPLAY_WITH_REDIS
-  std::unique_ptr<kvfuse::RedisTier> redis_;
-#endif
-  kvfuse::DiskTierStats closed_{};
+  Inner inner_;
   std::atomic<std::uint32_t> delay_us_{0};
+  mutable Counter kv_reads_{0}, kv_chunks_read_{0}, state_reads_{0}, puts_{0}, contains_{0}, erases_{0};
 };
+
+static_assert(!kvfuse::BatchedTier<RankTier<LocalTier>>);
 
 }  // namespace replay
