@@ -221,6 +221,10 @@ class Engine final : private FaultSite {
       return true;
     }
     live_[a.request] = d.admission;
+    // A preempted request comes back while its torn-down admission may still hold its
+    // blocks (its orphaned load in flight): two admissions of one RequestId, freed apart.
+    if (std::any_of(attempts_.begin(), attempts_.end(), [&](const auto& kv) { return kv.second.request == a.request; }))
+      ++result_.readmitted_while_held;
     if (!d.parked) {
       ++result_.admitted_compute;
       start_compute(a, model_.stateful ? 0 : a.hbm);

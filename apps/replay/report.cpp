@@ -54,6 +54,7 @@ std::vector<Row> report_rows(const Workload& w) {
   add("  aborted mid-load", "/requests/aborted", [](M m) { return m.run.aborted; });
   add("  preempted mid-load (re-admitted)", "/requests/preempted", [](M m) { return m.run.preempted; });
   add("  computed without a load", "/requests/computed_without_load", [](M m) { return m.run.admitted_compute; });
+  add("", "/requests/readmitted_while_held", [](M m) { return m.run.readmitted_while_held; });
   add("loads: kv-only", "/loads/kv_only", [](M m) { return m.run.loads_kv_only; });
   add("       joint", "/loads/joint", [](M m) { return m.run.loads_joint; });
   add("       state-only", "/loads/state_only", [](M m) { return m.run.loads_state_only; });

@@ -39,6 +39,7 @@ struct RunResult {
   bool offload = true;
   std::size_t requests = 0, completed = 0, aborted = 0, preempted = 0;
   std::size_t admitted_compute = 0;  ///< admissions told to compute (no load)
+  std::size_t readmitted_while_held = 0;  ///< admissions of a request whose earlier admission still held its resources
   std::size_t loads_kv_only = 0, loads_joint = 0, loads_state_only = 0, loads_pd = 0;
   std::size_t outcome_completed = 0, outcome_failed = 0, outcome_abandoned = 0, outcome_state_missed = 0;
   std::size_t resumed_from_load = 0;
