@@ -8,8 +8,10 @@
                                         [0.99, 1.0] of the trace's reuse bound
   check_replay.py usage REPLAY TRACE    bad arguments and input exit 2 and name the bad value
   check_replay.py redis REPLAY          --tier redis against a redis-server started here (unix
-                                        socket in a temporary directory): the five zeros
+                                        socket in a temporary directory): the five zeros, and
+                                        one round trip per KV load
 """
+import re
 import json
 import os
 import shutil
@@ -209,6 +211,20 @@ def redis(replay):
                      if line.startswith("kvfuse_tier_round_trips_total{") and 'tier="redis"' in line]
             if len(trips) < 4 or not any(float(line.rsplit(" ", 1)[1]) > 0 for line in trips):
                 fail(f"--metrics-out has no redis round trips: {trips}")
+            # A batched tier stays batched through the ranks' wrapper: each KV load is one
+            # get_batch, one round trip, however many chunks it reads. The server-side count
+            # (the tier's own metric) must equal the calls the wrapper made, each one exchange.
+            for name, m in report["models"].items():
+                calls = m["tier_calls"]
+                loads, reads, chunks = calls["kv_loads_sent"], calls["kv_reads"], calls["kv_chunks_read"]
+                if loads == 0 or chunks <= loads:
+                    fail(f"{name}: {loads} KV loads reading {chunks} chunks: no load read several chunks to batch")
+                if reads != loads:
+                    fail(f"{name}: {reads} KV reads from redis for {loads} KV loads: not one round trip per load")
+                server = sum(int(line.rsplit(" ", 1)[1]) for line in trips if re.search(f'model="{name}"', line))
+                if server != calls["total"]:
+                    fail(f"{name}: redis counted {server} round trips, the ranks made {calls['total']} tier calls")
+                print(f"{name}: {loads} KV loads, {reads} KV round trips for {chunks} chunks; {server} round trips in all")
         finally:
             proc.kill()
             proc.wait()

@@ -1,6 +1,8 @@
 // kvfuse-replay: the tier every rank's legs talk to. RankTier<Inner> wraps whatever the
 // --tier choice builds (tiers.hpp) with what the replay needs of every tier: a delay on gets
 // (the slow fault) and a count of the calls by kind (the report's "tier reads per KV load").
+// A wrapper must not lose a capability of what it wraps: over a BatchedTier it is one too, so
+// a remote tier still answers a whole KV load in one round trip.
 //
 // TierControl is the same tier seen from the engine (the lookup, the faults, the report),
 // which does not know the connector or the tier type of its ranks.
@@ -75,7 +77,8 @@ class TierControl {
 };
 
 /// Wraps `Inner`, built in place (a tier need not be movable). get sleeps for the delay
-/// first. Thread-safe exactly as far as Inner is.
+/// first; get_batch, present exactly when Inner is a BatchedTier, sleeps once per batch, as
+/// one round trip does. Thread-safe exactly as far as Inner is.
 template <kvfuse::Tier Inner>
 class RankTier final : public TierControl {
  public:
@@ -94,6 +97,19 @@ class RankTier final : public TierControl {
       count(state_reads_);
     }
     return inner_.get(key, staging);
+  }
+  void get_batch(const kvfuse::TierKey& first, std::span<const kvfuse::PrefixHash> hashes, std::span<kvfuse::TierView> out,
+                 kvfuse::BatchSink sink = {}) noexcept
+    requires kvfuse::BatchedTier<Inner>
+  {
+    delay();
+    if (first.kind == kvfuse::EntryKind::kv_chunk) {
+      count(kv_reads_);
+      count(kv_chunks_read_, hashes.size());
+    } else {
+      count(state_reads_);
+    }
+    inner_.get_batch(first, hashes, out, sink);
   }
   bool put(const kvfuse::TierKey& key, std::span<const std::byte> bytes) noexcept {
     count(puts_);

@@ -66,6 +66,11 @@ inline const auto tier_table = std::tuple{
 #endif
 };
 
+#if KVFUSE_REPLAY_WITH_REDIS
+// A remote tier answers a KV load in one round trip only if the ranks' wrapper keeps get_batch.
+static_assert(kvfuse::BatchedTier<kvfuse::RedisTier> && kvfuse::BatchedTier<RankTier<kvfuse::RedisTier>>);
+#endif
+
 inline constexpr std::size_t tier_count = std::tuple_size_v<std::remove_cvref_t<decltype(tier_table)>>;
 
 /// Calls f(entry) on entry `index` of the tier table; returns what it returns.
