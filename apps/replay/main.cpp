@@ -149,16 +149,16 @@ int main(int argc, char** argv) {
   for (const Model& m : model_table())
     if (m.selectable) {
       selectable.emplace_back(m.name);
-      model_help += " " + std::string(m.name) + " (" + std::string(m.what) +
+      model_help += (selectable.size() > 1 ? ", " : " ") + std::string(m.name) + " (" + std::string(m.what) +
                     (m.comparison.empty() ? "" : "; " + std::string(m.comparison) + " beside it") + ")";
     }
   for (const TierKind& t : tier_kinds()) {
     tier_names.emplace_back(t.name);
-    tier_help += " " + std::string(t.name) + " (" + std::string(t.what) + ")";
+    tier_help += (tier_names.size() > 1 ? ", " : " ") + std::string(t.name) + " (" + std::string(t.what) + ")";
   }
   // Without hiredis the choice stays, and says how to get it.
   if (std::find(tier_names.begin(), tier_names.end(), "redis") == tier_names.end()) tier_names.emplace_back("redis");
-  for (const Fault& f : fault_table()) fault_help += " " + std::string(f.name);
+  for (const Fault& f : fault_table()) fault_help += (&f == &fault_table().front() ? " " : ", ") + std::string(f.name);
   fault_help += "; all; none";
   std::vector<std::string> models = selectable;
   std::string dir = std::filesystem::temp_directory_path().string(), trace, tier = "memory+disk", capacity = "1MiB", faults = "all", json_out, metrics_out;

@@ -57,7 +57,7 @@ inline const auto tier_table = std::tuple{
     TierEntry<LocalTier>{{"memory", "a MemoryTier", false},
                          [](const TierOptions& o, std::uint32_t) { return LocalTier(o.memory_bytes, std::nullopt); }},
 #if KVFUSE_REPLAY_WITH_REDIS
-    TierEntry<kvfuse::RedisTier>{{"redis", "a RedisTier on one shared server (--redis)", false},
+    TierEntry<kvfuse::RedisTier>{{"redis", "a RedisTier on the server --redis names", false},
                                  [](const TierOptions& o, std::uint32_t) {
                                    kvfuse::RedisTierOptions r = o.redis.value();
                                    r.key_prefix += o.pass + ":";
