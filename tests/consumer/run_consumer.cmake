@@ -22,7 +22,7 @@ set(compiler -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
 
 if(MODE STREQUAL "find_package")
   run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE} -B ${WORK}/kvfuse-build ${compiler} -DKVFUSE_BUILD_TESTS=OFF
-      -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX=${WORK}/prefix)
+      -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DKVFUSE_BUILD_APPS=OFF -DCMAKE_INSTALL_PREFIX=${WORK}/prefix)
   run(${CMAKE_COMMAND} --install ${WORK}/kvfuse-build)
   run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE}/tests/consumer/find_package -B ${WORK}/consumer-build ${compiler}
       -DCMAKE_PREFIX_PATH=${WORK}/prefix)
