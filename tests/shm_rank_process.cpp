@@ -4,7 +4,8 @@
 //   kvfuse_shm_rank_process SEGMENT RANK WORLD MODE [REPORT]
 //     serve     serve; at the end write REPORT: "loads L kv_saves K state_saves S corrupted C"
 //               (C: bytes of every loaded KV range that differ from the test pattern), and
-//               "load_blocks H": load_blocks_hash over every load's block ids, in order
+//               "load_blocks H": load_blocks_hash over every load's block ids, in order, and
+//               "refused R": why the last bad frame was refused ("nothing" if none)
 //     garbage   attach, then write a malformed record into lane 0 and serve
 //     flood N   attach, emit N load records (keys {1, 1..N}) as fast as the rings take them
 // Exit status: 0 after the engine went away, 2 for bad arguments, 3 when attaching failed
@@ -105,9 +106,15 @@ int serve(const std::string& name, RankGeometry geo, const std::string& mode, co
   if (!arg.empty()) {
     std::ofstream out(arg);
     out << "loads " << s.loads << " kv_saves " << s.kv_saves << " state_saves " << s.state_saves << " corrupted "
-        << corrupted << " load_blocks " << blocks_hash << " incarnation " << s.incarnation << "\n";
+        << corrupted << " load_blocks " << blocks_hash << " incarnation " << s.incarnation << " refused "
+        << (s.last_refusal.empty() ? std::string_view("nothing") : s.last_refusal) << "\n";
   }
-  return why == Served::bad_frame ? 4 : 0;
+  if (why == Served::bad_frame) {
+    std::fprintf(stderr, "rank %u refused a frame: %.*s\n", geo.rank, static_cast<int>(s.last_refusal.size()),
+                 s.last_refusal.data());
+    return 4;
+  }
+  return 0;
 }
 
 }  // namespace

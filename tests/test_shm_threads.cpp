@@ -68,15 +68,16 @@ struct RankProcess {
       ::waitpid(pid, nullptr, 0);
     }
   }
-  /// The counts the process wrote when it ended.
-  std::map<std::string, std::uint64_t> counts() const {
+  /// What the process wrote when it ended: key and value pairs.
+  std::map<std::string, std::string> report_fields() const {
     std::ifstream in(report);
-    std::map<std::string, std::uint64_t> out;
-    std::string key;
-    std::uint64_t value = 0;
+    std::map<std::string, std::string> out;
+    std::string key, value;
     while (in >> key >> value) out[key] = value;
     return out;
   }
+  /// One number from the report (throws if the process did not write it).
+  std::uint64_t count(const std::string& key) const { return std::stoull(report_fields().at(key)); }
 };
 
 /// The tier as the engine knows it: the chunks whose saves settled stored.
@@ -171,13 +172,12 @@ TEST_CASE("R1 ranks as processes: loads and saves cross the segment, every rank 
   }  // the engine shuts down: its ranks stop serving and exit
   for (auto& rank : ranks) {
     CHECK(rank->wait() == 0);
-    const auto c = rank->counts();
-    CHECK(c.at("loads") == 1);
-    CHECK(c.at("kv_saves") == 1);
-    CHECK(c.at("state_saves") == 1);
-    CHECK(c.at("corrupted") == 0);  // the rank zeroed the load's blocks first: these bytes came from the tier
+    CHECK(rank->count("loads") == 1);
+    CHECK(rank->count("kv_saves") == 1);
+    CHECK(rank->count("state_saves") == 1);
+    CHECK(rank->count("corrupted") == 0);  // the rank zeroed the load's blocks first: these bytes came from the tier
     const std::vector<BlockId> sent = block_range(20, 12);  // the three saved chunks
-    CHECK(c.at("load_blocks") == load_blocks_hash(0, sent));  // into the blocks the engine named
+    CHECK(rank->count("load_blocks") == load_blocks_hash(0, sent));  // into the blocks the engine named
   }
 }
 
@@ -268,6 +268,34 @@ TEST_CASE("R19 a rank process that writes a malformed record is killed and the e
   CHECK(e.coord.stats().invariant_violations == 0);
 }
 
+TEST_CASE("R11 a corrupted frame on the way to a rank is refused by name; the rank stops, and its load settles without it") {
+  EngineProcess e;
+  std::vector<std::unique_ptr<RankProcess>> ranks;
+  for (std::uint32_t r = 0; r < kRanks; ++r)
+    ranks.push_back(std::make_unique<RankProcess>(e.shm.name(), r, "serve", temp_path("cf" + std::to_string(r))));
+  REQUIRE(e.shm.wait_attached(10s));
+  const Prompt p(15, 3);
+  e.save(RequestId{1}, p, 176);
+  // A load frame whose version byte was flipped on the way, queued in rank 1's ring ahead
+  // of the next load: rank 1 refuses it before it reads that load.
+  const LoadRequest valid{LoadKey{RequestId{9}, Generation{1}}, std::nullopt, std::nullopt};
+  std::vector<std::byte> frame(max_frame_bytes);
+  const Encoded encoded = to_bytes(valid, std::span<std::byte>(frame));
+  REQUIRE(encoded.error == EncodeError::none);
+  frame[0] ^= std::byte{0x40};  // the format version
+  namespace bip = boost::interprocess;
+  detail::MappedSegment raw(bip::shared_memory_object(bip::open_only, e.shm.name().c_str(), bip::read_write), bip::read_write);
+  REQUIRE(raw.frame_ring(1).try_push(std::span<const std::byte>(frame.data(), encoded.length)));
+  REQUIRE(e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, SlotId{2}}).parked);
+  REQUIRE(e.step_until([&] { return !e.unparked.empty(); }));
+  CHECK(e.unparked.back() == Unpark{RequestId{2}, 0, Resolution::failed, false});  // recompute, nothing retracted
+  CHECK(ranks[1]->wait() == 4);
+  CHECK(ranks[1]->report_fields().at("refused") == "bad_version");
+  CHECK(ranks[1]->count("loads") == 0);
+  CHECK(e.shm.stats().deaths == 1);
+  CHECK(e.coord.stats().invariant_violations == 0);
+}
+
 TEST_CASE("R11 a rank process of another world size or geometry is refused, naming both") {
   ShmEngine engine(options());
   RankGeometry other = small_geometry(1, kRanks);
@@ -315,7 +343,7 @@ TEST_CASE("R20 a full frame ring is back-pressure: send waits, then refuses, and
   }  // the engine shuts down; each rank got exactly the frames that went out
   for (auto& rank : ranks) {
     CHECK(rank->wait() == 0);
-    CHECK(rank->counts().at("state_saves") == sent);
+    CHECK(rank->count("state_saves") == sent);
   }
 }
 

@@ -397,26 +397,24 @@ class ShmQuorum {
  private:
   template <class Visitor>
   std::size_t drain_ring(std::uint32_t r, detail::RecordRing ring, Visitor& visitor) noexcept {
-    std::size_t n = 0;
-    RecordBytes bytes;
-    for (std::size_t left = ring.capacity(); left > 0; --left) {
-      const detail::RingRead got = ring.pop(bytes);
-      if (got == detail::RingRead::empty) break;
-      if (got == detail::RingRead::corrupt) {
-        engine_.mark_faulty(r);
-        break;
-      }
-      if (const auto load = completion_from_bytes(bytes); load.ok()) {
-        visitor(r, load.record);
-      } else if (const auto save = save_from_bytes(bytes); save.ok()) {
-        visitor(r, save.record);
-      } else {
-        engine_.mark_faulty(r);  // not a record of this format: the rank is broken or hostile
-        break;
-      }
-      ++n;
-    }
-    return n;
+    std::size_t visited = 0, taken = 0;
+    bool malformed = false;
+    const detail::RingRead got = ring.take_published(
+        [&](const RecordBytes& bytes) noexcept {
+          if (const auto load = completion_from_bytes(bytes); load.ok()) {
+            visitor(r, load.record);
+          } else if (const auto save = save_from_bytes(bytes); save.ok()) {
+            visitor(r, save.record);
+          } else {
+            malformed = true;  // not a record of this format: the rank is broken or hostile
+            return false;
+          }
+          ++visited;
+          return true;
+        },
+        taken);
+    if (got == detail::RingRead::corrupt || malformed) engine_.mark_faulty(r);
+    return visited;
   }
 
   ShmEngine& engine_;

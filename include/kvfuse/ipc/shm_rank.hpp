@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -55,6 +56,9 @@ struct ShmRankStats {
   std::uint64_t incarnation = 0;  ///< this attach's incarnation
   std::uint64_t loads = 0, kv_saves = 0, state_saves = 0;  ///< frames handed to the connector
   std::uint64_t bad_frames = 0;
+  /// Why the last bad frame was refused: a DecodeError's name, "ring_corrupt" (the ring's
+  /// counters or a length prefix were impossible), or "state_for_stateless"; empty if none.
+  std::string_view last_refusal;
   std::uint64_t records_emitted = 0, full_waits = 0, records_dropped = 0;  ///< over every lane
 };
 
@@ -128,7 +132,7 @@ class ShmRank {
       }
     }
     if (got == detail::RingRead::empty) return engine_gone() ? Served::engine_gone : Served::idle;
-    if (got == detail::RingRead::corrupt) return bad();
+    if (got == detail::RingRead::corrupt) return bad("ring_corrupt");
     return dispatch(conn, std::span<const std::byte>(frame_.data(), length));
   }
 
@@ -190,26 +194,27 @@ class ShmRank {
     h.membership.notify_all();
   }
 
-  Served bad() noexcept {
+  Served bad(std::string_view why) noexcept {
     ++stats_.bad_frames;
+    stats_.last_refusal = why;
     return Served::bad_frame;
   }
 
   template <class Conn>
   Served dispatch(Conn& conn, std::span<const std::byte> bytes) {
     const auto header = read_frame_header(bytes);
-    if (!header.ok()) return bad();
+    if (!header.ok()) return bad(to_string(header.error));
     switch (header.record.kind) {
       case WireKind::load_request: {
         auto d = load_request_from_bytes(bytes);
-        if (!d.ok()) return bad();
+        if (!d.ok()) return bad(to_string(d.error));
         ++stats_.loads;
         conn.load(std::move(d.record));
         return Served::frame;
       }
       case WireKind::kv_save: {
         auto d = kv_save_from_bytes(bytes);
-        if (!d.ok()) return bad();
+        if (!d.ok()) return bad(to_string(d.error));
         ++stats_.kv_saves;
         conn.save_kv(std::move(d.record));
         return Served::frame;
@@ -217,16 +222,16 @@ class ShmRank {
       case WireKind::state_save: {
         if constexpr (Conn::has_state) {
           const auto d = state_save_from_bytes(bytes);
-          if (!d.ok()) return bad();
+          if (!d.ok()) return bad(to_string(d.error));
           ++stats_.state_saves;
           conn.save_state(d.record);
           return Served::frame;
         } else {
-          return bad();  // the engine never sends state to a stateless model
+          return bad("state_for_stateless");  // the engine never sends state to a stateless model
         }
       }
       default:
-        return bad();
+        return bad(to_string(DecodeError::unknown_kind));
     }
   }
 

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <optional>
 #include <span>
+#include <utility>
 
 #include <kvfuse/bridge/records.hpp>
 #include <kvfuse/detail/event_count.hpp>
@@ -166,6 +167,32 @@ class RecordRing {
     if (tail - head > capacity_) return RingRead::corrupt;
     out = slots_[head % capacity_];
     control_->head.store(head + 1, std::memory_order_release);
+    control_->space.notify_one();
+    return RingRead::item;
+  }
+
+  /// Consumer: hands every record published now to `take(const RecordBytes&)`, in order,
+  /// each copied out of the ring first (the producer's process cannot change what the
+  /// consumer decodes); `take` returns false to stop after that record. The head moves and
+  /// the producer is notified once for the whole batch, not once per record. Returns the
+  /// records taken, or `corrupt` as pop() does (nothing taken). noexcept if `take` is.
+  template <class Take>
+  RingRead take_published(Take&& take, std::size_t& taken) noexcept(noexcept(take(std::declval<const RecordBytes&>()))) {
+    taken = 0;
+    const std::uint64_t head = control_->head.load(std::memory_order_relaxed);
+    const std::uint64_t tail = control_->tail.load(std::memory_order_acquire);
+    if (tail == head) return RingRead::empty;
+    if (tail - head > capacity_) return RingRead::corrupt;
+    const std::size_t published = static_cast<std::size_t>(tail - head);
+    std::size_t at = static_cast<std::size_t>(head % capacity_);
+    bool more = true;
+    while (more && taken < published) {
+      const RecordBytes record = slots_[at];
+      at = at + 1 == capacity_ ? 0 : at + 1;
+      ++taken;
+      more = take(record);
+    }
+    control_->head.store(head + taken, std::memory_order_release);
     control_->space.notify_one();
     return RingRead::item;
   }
