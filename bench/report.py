@@ -263,6 +263,20 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     t.row("producer thread + engine thread, 8 ranks",
           scale(m(comp, "BM_Threaded/8/real_time", "items_per_second"), 1e6), "M/s")
 
+    ipc = "kvfuse_bench_ipc"
+    t.section("ranks as processes (kvfuse_bench_ipc; shared memory rings against in-process lanes)")
+    procs = m(ipc, "BM_DrainMergeProcesses/manual_time", "items_per_second")
+    threads = m(ipc, "BM_DrainMergeThreads/manual_time", "items_per_second")
+    t.row("records drained + merged at 8 ranks: rank processes' rings / rank threads' lanes",
+          ratio(procs, threads), "x", ">=", 0.8)
+    t.row("  rings, 8 rank processes", scale(procs, 1e6), "M/s")
+    t.row("  lanes, 8 rank threads", scale(threads, 1e6), "M/s")
+    rt_p = m(ipc, "BM_LoadRoundTripProcesses/manual_time", "real_time")
+    rt_t = m(ipc, "BM_LoadRoundTripThreads/manual_time", "real_time")
+    t.row("one 4 KiB load's round trip, rank process / rank thread", ratio(rt_p, rt_t), "x")
+    t.row("  rank process", scale(rt_p, 1e3), "us")
+    t.row("  rank thread", scale(rt_t, 1e3), "us")
+
     t.section("engine loop (kvfuse_bench_coordinator; 8 ranks, 16-chunk K3 joint loads, no copies; 5 repetitions)")
     creq = "BM_CoordinatorRequest/ranks_inline/checkpoints:1/repeats:5/manual_time"
     t.row("coordinator per request: admit..unpark + finish, median",
