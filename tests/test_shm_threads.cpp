@@ -268,7 +268,7 @@ TEST_CASE("R19 a rank process that writes a malformed record is killed and the e
   CHECK(e.coord.stats().invariant_violations == 0);
 }
 
-TEST_CASE("R11 a corrupted frame on the way to a rank is refused by name; the rank stops, and its load settles without it") {
+TEST_CASE("R11 a corrupted frame on the way to a rank is refused by name: the rank stops, and its load settles without it") {
   EngineProcess e;
   std::vector<std::unique_ptr<RankProcess>> ranks;
   for (std::uint32_t r = 0; r < kRanks; ++r)
