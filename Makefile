@@ -9,12 +9,14 @@ deps:
 	@scripts/deps.sh
 
 # The main job: build kvfuse-replay and run it on its default workload (every model, every
-# fault, two passes); it prints its report. REPLAY_ARGS adds options (see --help).
+# fault, two passes, one process per rank); it prints its report. REPLAY_ARGS adds options
+# (see --help); RANKS_AS=threads runs the ranks as threads of the engine's process.
 REPLAY_ARGS ?=
+RANKS_AS ?= processes
 demo: deps
 	cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) -DKVFUSE_BUILD_BENCH=OFF
 	cmake --build build/release --target kvfuse_replay -j $(JOBS)
-	./build/release/apps/replay/kvfuse-replay --two-pass $(REPLAY_ARGS)
+	./build/release/apps/replay/kvfuse-replay --two-pass --ranks-as $(RANKS_AS) $(REPLAY_ARGS)
 
 # The whole suite: -Werror build + ctest, then again under ASan+UBSan, then the
 # multi-threaded tests under ThreadSanitizer.

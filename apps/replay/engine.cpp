@@ -127,6 +127,7 @@ class Engine final : private FaultSite {
     drain();
     result_.wall_seconds = std::chrono::duration<double>(WallClock::now() - started).count();
     collect();
+    if (processes_ != nullptr) processes_->quit_all();  // a rank process that ended badly fails the run
     return result_;
   }
 
@@ -431,10 +432,10 @@ class Engine final : private FaultSite {
 
   // ---- the coordinator's events ------------------------------------------------------------
   void step() {
-    if (!o_.offload) return;
     if constexpr (processes) {
       for (const std::uint32_t r : processes_->watch(pump_)) lose_rank(r);
     }
+    if (!o_.offload) return;
     const typename Coord::StepResult s = composition_ ? coord_.step(composition_->arbiter()) : coord_.step();
     for (const Unpark& u : s.unparked) on_unpark(u);
     for (const Freed& f : s.freed) {

@@ -305,12 +305,12 @@ RankProcesses::RankProcesses(const RankSetup& setup, std::string_view model, Shm
     if (!shm_.wait_attached(std::chrono::seconds(30)))
       throw Error(ErrorCode::io_failure, "the rank processes did not all attach to /" + shm_.name() + " within 30 s");
   } catch (...) {
-    stop_all();
+    (void)stop_all();
     throw;
   }
 }
 
-RankProcesses::~RankProcesses() { stop_all(); }
+RankProcesses::~RankProcesses() { (void)stop_all(); }
 
 void RankProcesses::spawn(std::uint32_t r) {
   int pair[2];
@@ -351,11 +351,13 @@ void RankProcesses::spawn(std::uint32_t r) {
   if (c.delay_us != 0) (void)call(r, {ControlOp::tier_set_delay, 0, c.delay_us}, {});
 }
 
-void RankProcesses::stop_all() noexcept {
+std::string RankProcesses::stop_all() noexcept {
   for (Child& c : children_)
     if (c.pid > 0) (void)c.channel.put({ControlOp::quit});
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  for (Child& c : children_) {
+  std::string problems;
+  for (std::uint32_t r = 0; r < children_.size(); ++r) {
+    Child& c = children_[r];
     if (c.pid <= 0) continue;
     int status = 0;
     while (::waitpid(c.pid, &status, WNOHANG) == 0) {
@@ -366,9 +368,22 @@ void RankProcesses::stop_all() noexcept {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      try {
+        problems += (problems.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + "'s process " +
+                    (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                         : "exited with status " + std::to_string(WEXITSTATUS(status)));
+      } catch (...) {
+      }
+    }
     c.pid = 0;
     c.channel.close();
   }
+  return problems;
+}
+
+void RankProcesses::quit_all() {
+  if (const std::string problems = stop_all(); !problems.empty()) throw Error(ErrorCode::io_failure, problems);
 }
 
 bool RankProcesses::up(std::uint32_t r) const { return children_[r].state == State::running && shm_.attached(r); }
@@ -534,9 +549,20 @@ void RankProcesses::drain() {
 // ---- the rank process ------------------------------------------------------------------------
 bool send_ready(ControlChannel& channel) { return channel.put({ControlOp::ready, 0, 1}); }
 
-void RankServer::drained() {
+void RankServer::on_serving_thread(const std::function<void()>& task) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  task_ = &task;
+  pending_.store(true, std::memory_order_release);
+  done_.wait(lock, [&] { return task_ == nullptr || stopped_.load(std::memory_order_acquire); });
+  task_ = nullptr;
+  pending_.store(false, std::memory_order_release);
+}
+
+void RankServer::do_work() {
   std::lock_guard<std::mutex> lock(mutex_);
-  drain_.store(false, std::memory_order_release);
+  if (task_ != nullptr) (*task_)();
+  task_ = nullptr;
+  pending_.store(false, std::memory_order_release);
   done_.notify_all();
 }
 
@@ -545,10 +571,6 @@ void RankServer::stop() noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   stopped_.store(true, std::memory_order_release);
   done_.notify_all();
-}
-
-Checked RankServer::checked() const noexcept {
-  return Checked{verified_.load(std::memory_order_relaxed), corrupted_.load(std::memory_order_relaxed)};
 }
 
 void RankServer::run() {
@@ -579,8 +601,8 @@ bool RankServer::answer(const ControlHeader& h, std::span<const std::byte> paylo
     case ControlOp::check: {
       const std::optional<SlotId> slot = h.a == 0 ? std::nullopt : std::optional<SlotId>(SlotId{static_cast<std::uint32_t>(h.a - 1)});
       const Checked c = memory_.check(spans, slot, h.b);
-      verified_.fetch_add(c.verified, std::memory_order_relaxed);
-      corrupted_.fetch_add(c.corrupted, std::memory_order_relaxed);
+      verified_ += c.verified;
+      corrupted_ += c.corrupted;
       reply.a = c.verified;
       reply.b = c.corrupted;
       break;
@@ -629,25 +651,22 @@ bool RankServer::answer(const ControlHeader& h, std::span<const std::byte> paylo
       break;
     }
     case ControlOp::connector_stats: {
-      const ConnectorStats s = stats_();
+      ConnectorStats s{};
+      on_serving_thread([&] { s = work_.stats(); });
       const auto b = bytes_of(s);
       out.assign(b.begin(), b.end());
       break;
     }
     case ControlOp::counts: {
-      RankCounts c = counts_();
-      c.bytes_checked = verified_.load(std::memory_order_relaxed);
-      c.bytes_corrupted = corrupted_.load(std::memory_order_relaxed);
+      RankCounts c{};
+      on_serving_thread([&] { c = work_.counts(); });
+      c.bytes_checked = verified_;
+      c.bytes_corrupted = corrupted_;
       const auto b = bytes_of(c);
       out.assign(b.begin(), b.end());
       break;
     }
-    case ControlOp::drain: {
-      std::unique_lock<std::mutex> lock(mutex_);
-      drain_.store(true, std::memory_order_release);
-      done_.wait(lock, [&] { return !drain_.load(std::memory_order_acquire) || stopped_.load(std::memory_order_acquire); });
-      break;
-    }
+    case ControlOp::drain: on_serving_thread(work_.drain); break;
     case ControlOp::quit: (void)channel_.put(reply); return false;
     case ControlOp::ready: return false;
   }

@@ -152,6 +152,10 @@ class RankProcesses final : public Ranks {
     return died;
   }
 
+  /// Tells every rank process to quit and reaps it. Throws kvfuse::Error naming each that
+  /// did not exit with status 0 (a sanitizer's report, a crash). Call once, at the end.
+  void quit_all();
+
   /// SIGKILLs rank r's process and reaps it; false when it is not running.
   bool kill(std::uint32_t r);
   /// Whether rank r was killed by kill() (not a death nobody caused).
@@ -179,7 +183,9 @@ class RankProcesses final : public Ranks {
 
   void spawn(std::uint32_t r);
   void seen_dead(std::uint32_t r);
-  void stop_all() noexcept;
+  /// Tells every rank process to quit and reaps it (SIGKILL after 5 s); returns how those
+  /// that did not exit with status 0 ended ("" when all did).
+  std::string stop_all() noexcept;
   /// One request and its reply; false (the channel closed) when the rank process is gone.
   bool call(std::uint32_t r, const ControlHeader& h, std::span<const std::byte> payload, ControlHeader* reply = nullptr,
             std::vector<std::byte>* reply_payload = nullptr);

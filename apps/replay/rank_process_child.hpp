@@ -25,41 +25,48 @@
 
 namespace replay {
 
+/// What a rank process does on its serving thread (the connector's rank thread) when the
+/// control channel asks: drain (serve what the frame ring holds, then wait for every lane),
+/// and read the connector's and the attachment's counters.
+struct ServingThreadWork {
+  std::function<void()> drain;
+  std::function<kvfuse::ConnectorStats()> stats;
+  std::function<RankCounts()> counts;
+};
+
 /// Serves one rank process's control channel on a thread of its own, while the serving
-/// thread feeds the connector the segment's frames. A drain request is handed to the
-/// serving thread (the connector's rank thread), which serves what the ring holds and
-/// drains the lanes.
+/// thread feeds the connector the segment's frames. What must run on the serving thread
+/// (ServingThreadWork) is handed to it and waited for.
 class RankServer {
  public:
-  RankServer(ControlChannel& channel, RankMemory memory, TierControl& tier, std::function<kvfuse::ConnectorStats()> stats,
-             std::function<RankCounts()> counts) noexcept
-      : channel_(channel), memory_(memory), tier_(tier), stats_(std::move(stats)), counts_(std::move(counts)) {}
+  RankServer(ControlChannel& channel, RankMemory memory, TierControl& tier, ServingThreadWork work) noexcept
+      : channel_(channel), memory_(memory), tier_(tier), work_(std::move(work)) {}
 
   /// The control thread: answers requests until quit, or until the channel closes.
   void run();
-  /// The control thread has stopped (quit, or the engine's end of the channel closed).
+  /// The control thread has stopped (quit, or the engine's end of the channel closed). Any thread.
   bool stopped() const noexcept { return stopped_.load(std::memory_order_acquire); }
-  /// Serving thread: a drain waits for it.
-  bool drain_requested() const noexcept { return drain_.load(std::memory_order_acquire); }
-  /// Serving thread: the drain is done.
-  void drained();
-  /// Serving thread: stop the control thread (its blocked read returns).
+  /// Serving thread: whether work waits for it.
+  bool work_pending() const noexcept { return pending_.load(std::memory_order_acquire); }
+  /// Serving thread: does the waiting work.
+  void do_work();
+  /// Serving thread, once it stops serving: stops the control thread (its blocked read returns).
   void stop() noexcept;
-  /// Bytes this process's checks compared and found different.
-  Checked checked() const noexcept;
 
  private:
   bool answer(const ControlHeader& h, std::span<const std::byte> payload);
+  /// Control thread: runs `task` on the serving thread and waits for it.
+  void on_serving_thread(const std::function<void()>& task);
 
   ControlChannel& channel_;
   RankMemory memory_;
   TierControl& tier_;
-  std::function<kvfuse::ConnectorStats()> stats_;
-  std::function<RankCounts()> counts_;
-  std::atomic<bool> stopped_{false}, drain_{false};
+  ServingThreadWork work_;
+  std::atomic<bool> stopped_{false}, pending_{false};
   std::mutex mutex_;
   std::condition_variable done_;
-  std::atomic<std::uint64_t> verified_{0}, corrupted_{0};
+  const std::function<void()>* task_ = nullptr;  // guarded by mutex_
+  std::uint64_t verified_ = 0, corrupted_ = 0;   // control thread only
 };
 
 /// Tells the engine the rank process is ready (attached, its connector built).
@@ -92,23 +99,24 @@ int serve_rank(const ChildSetup& s, const TierEntry<Inner>& entry, ControlChanne
   }(std::make_index_sequence<Conn::lane_count>{});
   Conn conn(g, rt, kvfuse::DeviceMemory{memory.m.blocks, memory.m.slots}, kvfuse::PagedKv<Tier>(tier),
             state_leg_of<Conn>(tier), std::move(emitters));
-  RankServer server(
-      channel, memory.m, tier, [&] { return conn.stats(); },
-      [&] {
-        const kvfuse::ShmRankStats st = shm.stats();
-        return RankCounts{st.incarnation, st.loads, st.kv_saves, st.state_saves, st.records_emitted, st.records_dropped, 0, 0};
-      });
+  RankServer server(channel, memory.m, tier,
+                    ServingThreadWork{[&] {
+                                        while (shm.serve_one(conn, std::chrono::nanoseconds(0)) == kvfuse::Served::frame) {
+                                        }
+                                        conn.drain();
+                                      },
+                                      [&] { return conn.stats(); },
+                                      [&] {
+                                        const kvfuse::ShmRankStats st = shm.stats();
+                                        return RankCounts{st.incarnation, st.loads, st.kv_saves, st.state_saves,
+                                                          st.records_emitted, st.records_dropped, 0, 0};
+                                      }});
   if (!send_ready(channel)) return 0;  // the engine is gone already
   std::thread control([&] { server.run(); });
   for (;;) {
     const kvfuse::Served got = shm.serve_one(conn, std::chrono::milliseconds(5));
     if (got == kvfuse::Served::engine_gone || got == kvfuse::Served::bad_frame || server.stopped()) break;
-    if (server.drain_requested()) {
-      while (shm.serve_one(conn, std::chrono::nanoseconds(0)) == kvfuse::Served::frame) {
-      }
-      conn.drain();
-      server.drained();
-    }
+    if (server.work_pending()) server.do_work();
   }
   server.stop();
   control.join();
