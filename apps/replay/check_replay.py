@@ -383,6 +383,7 @@ def usage(replay, path):
             (["--tier-capacity", "17179869184GiB"], '"17179869184GiB"'),
             (["--tier-capacity", "0KiB"], '"0KiB"'),
             (["--ranks", "0"], "--ranks"),
+            (["--ranks-as", "forks"], "forks"),
             (["--sessions", "-1"], "-1"),
             (["--blocks", "0"], "--blocks"),
             (["--checkpoints", "sometimes"], "'sometimes'"),

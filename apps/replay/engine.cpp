@@ -1,12 +1,15 @@
 // kvfuse-replay: the engine loop and the clock. One scheduler thread runs what an engine
 // would write around kvfuse — a FIFO admission queue, a paged block pool with prefix caching,
 // a state slot pool, the Coordinator over an OffloadIndex, a TpQuorum and its pump — and its
-// ranks run their lanes. A request keeps its RequestId across preemption and re-admission;
-// each admission (AdmissionId) holds its own blocks and slot until the Coordinator frees it.
+// ranks run their lanes, as threads of this process or as processes of their own (then the
+// group is a ShmQuorum over the segment, and each step first watches the rank processes:
+// a death tears down every running admission). A request keeps its RequestId across
+// preemption and re-admission; each admission (AdmissionId) holds its own blocks and slot
+// until the Coordinator frees it.
 //
 // Time is simulated: requests arrive at their times, prefill and decode take simulated time,
 // and the clock jumps from event to event (or follows the wall clock at --speed). Loads and
-// saves run for real on the rank threads; while any load is in flight or any save has not
+// saves run for real on the ranks' lanes; while any load is in flight or any save has not
 // landed the clock stands still, so the replay measures the tier, not the model.
 //
 // An admission's compute is a list of stops: the forward runs up to each stop's token when

@@ -30,6 +30,7 @@ namespace replay {
 /// and read the connector's and the attachment's counters.
 struct ServingThreadWork {
   std::function<void()> drain;
+  std::function<void()> settle;  ///< waits for every lane to be idle (the connector's drain)
   std::function<kvfuse::ConnectorStats()> stats;
   std::function<RankCounts()> counts;
 };
@@ -57,6 +58,8 @@ class RankServer {
   bool answer(const ControlHeader& h, std::span<const std::byte> payload);
   /// Control thread: runs `task` on the serving thread and waits for it.
   void on_serving_thread(const std::function<void()>& task);
+  /// Control thread: an operation on device memory (see rank_process.cpp for where it runs).
+  void on_memory(const std::function<void()>& op);
 
   ControlChannel& channel_;
   RankMemory memory_;
@@ -105,7 +108,7 @@ int serve_rank(const ChildSetup& s, const TierEntry<Inner>& entry, ControlChanne
                                         }
                                         conn.drain();
                                       },
-                                      [&] { return conn.stats(); },
+                                      [&] { conn.drain(); }, [&] { return conn.stats(); },
                                       [&] {
                                         const kvfuse::ShmRankStats st = shm.stats();
                                         return RankCounts{st.incarnation, st.loads, st.kv_saves, st.state_saves,
