@@ -204,6 +204,10 @@ def check_processes(report):
         ranks = m["rank_processes"]["ranks"]
         if seen != k:
             fail(f"{name}: {k} rank processes killed but the engine saw {seen} die")
+        segment = m["rank_processes"]["segment"]
+        if segment["deaths"] != k or segment["attaches"] != 4 + r or segment["faulty"] != 0:
+            fail(f"{name}: the segment saw {segment['deaths']} deaths, {segment['attaches']} attaches, "
+                 f"{segment['faulty']} faulty ranks after {k} kills and {r} restarts")
         if len(ranks) != 4 or any(c["loads"] + c["kv_saves"] == 0 or c["bytes_corrupted"] != 0 for c in ranks):
             fail(f"{name}: what the rank processes reported: {ranks}")
         if sum(c["bytes_checked"] for c in ranks) == 0:

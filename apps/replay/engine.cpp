@@ -586,6 +586,7 @@ class Engine final : private FaultSite {
     r.kv_loads_sent = transport_.kv_loads_sent();
     r.ranks_as = processes ? "processes" : "threads";
     r.rank_processes = ranks_->rank_counts();
+    if (shm_) r.segment = shm_->stats();
     faults_.collect();
     RunResult::Snapshot& snap = r.snapshot;
     snap.index = is;

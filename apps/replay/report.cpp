@@ -177,6 +177,14 @@ std::vector<Row> report_rows(const Workload& w, std::optional<std::uint64_t> den
                         {"bytes_corrupted", c.bytes_corrupted}});
     return ranks;
   });
+  add("", "/rank_processes/segment", [](M m) {
+    if (!m.run.segment) return J(nullptr);
+    const kvfuse::ShmEngineStats& g = *m.run.segment;
+    return J{{"frames_sent", g.frames_sent},           {"records_received", g.records_received},
+             {"dead_records_dropped", g.dead_records_dropped}, {"attaches", g.attaches},
+             {"deaths", g.deaths},                     {"faulty", g.faulty},
+             {"backpressure_waits", g.backpressure_waits}, {"backpressure_refusals", g.backpressure_refusals}};
+  });
   heading("must be zero:");
   add("  invariant_violations", "/must_be_zero/invariant_violations", [](M m) { return m.zero(&RunResult::invariant_violations); });
   add("  corrupted_bytes", "/must_be_zero/corrupted_bytes", [](M m) { return m.zero(&RunResult::corrupted_bytes); });
