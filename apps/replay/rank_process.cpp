@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -317,6 +318,10 @@ void RankProcesses::spawn(std::uint32_t r) {
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
     throw Error(ErrorCode::io_failure, std::string("socketpair: ") + std::strerror(errno));
   ControlChannel mine(pair[0]);
+  // A rank process that stops answering fails the call after this long (its channel is
+  // closed) instead of hanging the engine.
+  const timeval answer_within{60, 0};
+  (void)::setsockopt(pair[0], SOL_SOCKET, SO_RCVTIMEO, &answer_within, sizeof answer_within);
   // Above the descriptor the child gets (dup2 onto itself would keep close-on-exec).
   const int theirs = ::fcntl(pair[1], F_DUPFD_CLOEXEC, child_fd + 1);
   ::close(pair[1]);

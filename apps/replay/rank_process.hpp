@@ -63,8 +63,8 @@ struct ControlHeader {
 };
 static_assert(std::is_trivially_copyable_v<ControlHeader>);
 
-/// One end of a control channel (a connected stream socket). Owns the descriptor. Used by
-/// one thread at a time.
+/// One end of a control channel (a connected stream socket). Owns the descriptor. put, get
+/// and close by one thread at a time; shut_down from any thread (it ends a blocked get).
 class ControlChannel {
  public:
   ControlChannel() = default;
