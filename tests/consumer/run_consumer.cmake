@@ -15,7 +15,7 @@ endfunction()
 
 if(MODE STREQUAL "find_package")
   run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE} -B ${WORK}/kvfuse-build -DKVFUSE_BUILD_TESTS=OFF
-      -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX=${WORK}/prefix)
+      -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DKVFUSE_BUILD_LLAMA=OFF -DCMAKE_INSTALL_PREFIX=${WORK}/prefix)
   run(${CMAKE_COMMAND} --install ${WORK}/kvfuse-build)
   run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE}/tests/consumer/find_package -B ${WORK}/consumer-build
       -DCMAKE_PREFIX_PATH=${WORK}/prefix)
