@@ -22,14 +22,14 @@
 //   BM_DenseVsHandWritten/inline:1/chunks:64/placement:1
 //       dense connector / hand-written chunked load of the same 64 x 1 MiB, target <= 1.02
 //       (zero cost). Other rows: 16 chunks, OS thread placement (placement:0), lanes apart
-//       (placement:2, target <= 1.05: issue 12's 64 MiB case), threaded streams (with the
+//       (placement:2, target <= 1.05 against the calling thread), threaded streams (with the
 //       cost of syncing per chunk rather than once, hand_over_one_sync). Every timed load
 //       follows one of its own kind (steady state); after_other_over_steady is what the
 //       connector's load costs when a calling-thread copy ran just before it instead.
 //   BM_DenseVsSameShape/chunks:<1|4|16|64>/placement:<0|2>
 //       dense connector / a hand-written load of the connector's shape (the same copies, run
 //       as a task on a kvfuse::Lane, reporting one record through the same BellGroup
-//       emitter), target <= 1.01 (issue 12). A fourth side, the control, is a second
+//       emitter), target <= 1.01. A fourth side, the control, is a second
 //       same-shape load on a lane of its own: control_over_same is what placement alone does
 //       to two identical loads (the A/A spread). placement:1 (1, 16, 64 chunks): every
 //       thread on one CPU, which takes placement out of the comparison. Under OS placement
@@ -388,6 +388,10 @@ class BellGroup {
   template <SettlementSink Sink>
   void mark_rank_dead(std::uint32_t rank, Sink& sink) {
     inner_.mark_rank_dead(rank, sink);
+  }
+  template <class Key, SettlementSink Sink>
+  bool settle_if_unowed(const Key& key, Sink& sink) noexcept {
+    return inner_.settle_if_unowed(key, sink);
   }
   void mark_rank_alive(std::uint32_t rank, Generation first_counted) { inner_.mark_rank_alive(rank, first_counted); }
   void forget(const LoadKey& key) noexcept { inner_.forget(key); }

@@ -183,8 +183,7 @@ OffloadIndexOptions index_options() {
 /// The whole engine side, and the producer thread of the `thread` mode.
 struct Rig {
   TpQuorum group{quorum_options()};
-  std::uint64_t slots_released = 0;
-  OffloadIndex<> index{index_options(), [this](SlotId) { ++slots_released; }};
+  OffloadIndex<> index{index_options()};  // the coordinator's Release events free slots
   SettlementPump<TpQuorum, OffloadIndex<>> pump{group, index};
   Ranks ranks;
   TierHoldsPrompt lookup;
@@ -232,7 +231,7 @@ void BM_CoordinatorRequest(benchmark::State& state, RanksMode mode) {
 
   std::uint64_t next_id = 1;
   double admit_ns = 0, step_ns = 0, finish_ns = 0;
-  std::uint64_t allocs = 0, steps = 0, unparked_total = 0, wrong_unparks = 0, released = 0, requests = 0;
+  std::uint64_t allocs = 0, steps = 0, unparked_total = 0, wrong_unparks = 0, freed = 0, requests = 0;
   std::vector<RequestId> ids(kBatch);
   for (auto _ : state) {
     const std::uint64_t news_before = t_news;
@@ -259,7 +258,7 @@ void BM_CoordinatorRequest(benchmark::State& state, RanksMode mode) {
       const auto s = rig.coord.step();
       ++steps;
       unparked += s.unparked.size();
-      released += s.released.size();
+      freed += s.freed.size();
       for (const Unpark& u : s.unparked) wrong_unparks += u.tokens != kBoundary ? 1 : 0;
       if (mode != RanksMode::thread && s.unparked.size() != kBatch) [[unlikely]] {
         state.SkipWithError("one step did not unpark the whole batch");
@@ -281,7 +280,7 @@ void BM_CoordinatorRequest(benchmark::State& state, RanksMode mode) {
     unparked_total += unparked;
     requests += kBatch;
   }
-  released += rig.coord.step().released.size();  // the last batch's releases
+  freed += rig.coord.step().freed.size();  // the last batch's frees
 
   const CoordinatorStats cs = rig.coord.stats();
   const IndexStats is = rig.index.stats();
@@ -290,9 +289,9 @@ void BM_CoordinatorRequest(benchmark::State& state, RanksMode mode) {
   else if (cs.invariant_violations != 0 || is.invariant_violations != 0) state.SkipWithError("invariant violated");
   else if (cs.waiting_now != 0 || cs.holding_now != 0 || is.outstanding != 0 || ps.group.pending != 0)
     state.SkipWithError("state left behind: not a steady state");
-  else if (released != requests || unparked_total != requests || cs.unparked_with_tokens != requests)
-    state.SkipWithError("not every request unparked with tokens and was released");
-  else if (rig.ranks.saves != 0 || ps.late_reports != 0 || rig.slots_released != 0)
+  else if (freed != requests || unparked_total != requests || cs.unparked_with_tokens != requests)
+    state.SkipWithError("not every request unparked with tokens and was freed");
+  else if (rig.ranks.saves != 0 || ps.late_reports != 0 || rig.index.stats().slots_freed != 0)
     state.SkipWithError("unexpected saves, late reports or orphan slots");
 
   const double n = requests > 0 ? static_cast<double>(requests) : 1.0;

@@ -326,7 +326,7 @@ int main() {
               static_cast<unsigned long long>(slots_returned_by_index));
   std::printf("bytes\n  %zu bytes checked in blocks and slots across ranks, %zu wrong\n\n", verified_bytes, bad_bytes);
   std::printf("index   dispatched %llu = completed %llu + failed %llu + abandoned %llu + outstanding %llu\n",
-              static_cast<unsigned long long>(is.dispatched), static_cast<unsigned long long>(is.completed),
+              static_cast<unsigned long long>(is.issued), static_cast<unsigned long long>(is.completed),
               static_cast<unsigned long long>(is.failed), static_cast<unsigned long long>(is.abandoned),
               static_cast<unsigned long long>(is.outstanding));
   std::printf("        indexed %llu, retracted %llu, late reports %llu, invariant violations %llu, consistency %s\n",

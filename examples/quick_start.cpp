@@ -132,7 +132,7 @@ int main() {
   }
   const IndexStats stats = index.stats();
   std::printf("bytes wrong: %zu; index: %llu dispatched, %llu completed, %llu invariant violations\n", wrong,
-              static_cast<unsigned long long>(stats.dispatched), static_cast<unsigned long long>(stats.completed),
+              static_cast<unsigned long long>(stats.issued), static_cast<unsigned long long>(stats.completed),
               static_cast<unsigned long long>(stats.invariant_violations));
   const bool ok = r.kind == Resolution::completed && wrong == 0 && stats.invariant_violations == 0 && stored == 2 &&
                   released == 2 && freed_by_index.empty();

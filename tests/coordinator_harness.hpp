@@ -17,13 +17,6 @@ namespace kvfuse::testing {
 constexpr std::uint32_t kWorld = 4;
 using Mem = MemoryTier<>;
 
-template <class Conn>
-constexpr StateLayout layout_of() {
-  if constexpr (!Conn::has_state) return StateLayout::none;
-  else if constexpr (Conn::ordering == StateOrdering::after_kv) return StateLayout::dsv4_slot;
-  else return StateLayout::k3_recurrent;
-}
-
 /// One rank: pools, its tier, its connector.
 template <class Conn>
 struct Rank {
@@ -85,21 +78,29 @@ struct Lookup {
   }
 };
 
+/// The checkpoint policy over the harness's grids (64-token chunks): the branch point, the
+/// prompt's end and every 2 chunks, at most 3 per admission.
+inline CheckpointPolicy harness_policy() {
+  CheckpointPolicy p;
+  p.every_chunks = 2;
+  p.max_prefill = 3;
+  return p;
+}
+
 /// The whole engine: index, quorum, pump, ranks, coordinator.
 template <class Conn>
 struct Engine {
   HostRuntime rt;
-  std::vector<SlotId> index_released;
   TpQuorum group{TpQuorumOptions{kWorld, 3, 1024}};
-  OffloadIndex<> index{OffloadIndexOptions{.hash_capacity = 1024, .slot_count = 4}, [this](SlotId s) { index_released.push_back(s); }};
+  OffloadIndex<> index{OffloadIndexOptions{.hash_capacity = 1024, .slot_count = 4}};  // the Release events free slots
   SettlementPump<TpQuorum, OffloadIndex<>> pump{group, index};
   std::vector<std::unique_ptr<Rank<Conn>>> ranks;
   Transport<Conn> transport{&ranks};
   Lookup<Conn> lookup{&ranks};
   Coordinator<TpQuorum, Transport<Conn>, Lookup<Conn>> coord{
-      CoordinatorOptions{layout_of<Conn>(), PlanGrids{16, 64}, 0, 64}, index, pump, transport, lookup};
+      CoordinatorOptions{Conn::layout, PlanGrids{16, 64}, 0, 64, harness_policy()}, index, pump, transport, lookup};
   std::vector<Unpark> unparked;
-  std::vector<RequestId> released;
+  std::vector<Freed> freed;
 
   Engine() {
     for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, group));
@@ -107,17 +108,30 @@ struct Engine {
   ~Engine() {
     for (auto& rank : ranks) rank->conn.drain();
   }
+  std::size_t snapshots_back = 0;  // snapshot slots handed back by steps (the tests reset it)
+  /// One step, collecting its events.
+  void step() {
+    const auto s = coord.step();
+    unparked.insert(unparked.end(), s.unparked.begin(), s.unparked.end());
+    freed.insert(freed.end(), s.freed.begin(), s.freed.end());
+    snapshots_back += s.snapshots.size();
+  }
+  /// `n` steps, collecting every event (a step's events are only seen here).
+  void steps(int n) {
+    for (int i = 0; i < n; ++i) step();
+  }
   /// Steps until `pred()` (10 s bound), collecting every event.
   template <class Pred>
   bool step_until(Pred pred) {
     return eventually([&] {
-      const auto s = coord.step();
-      unparked.insert(unparked.end(), s.unparked.begin(), s.unparked.end());
-      released.insert(released.end(), s.released.begin(), s.released.end());
+      step();
       return pred();
     });
   }
-  bool was_released(RequestId id) const { return std::find(released.begin(), released.end(), id) != released.end(); }
+  bool was_freed(RequestId id) const { return frees_of(id) > 0; }
+  std::size_t frees_of(RequestId id) const {
+    return static_cast<std::size_t>(std::count_if(freed.begin(), freed.end(), [&](const Freed& r) { return r.request == id; }));
+  }
   std::size_t unparks_of(RequestId id) const {
     return static_cast<std::size_t>(std::count_if(unparked.begin(), unparked.end(), [&](const Unpark& u) { return u.request == id; }));
   }
@@ -150,11 +164,11 @@ using Dense = DenseConnector<Mem>;
 /// Saves `p` through request `id` (compute, forward, finish) and waits until it landed.
 template <class Conn>
 void save_prompt(Engine<Conn>& e, RequestId id, const Prompt& p, TokenCount boundary) {
-  const std::vector<BlockId> blocks = block_range(0, 13);
+  const std::vector<BlockId> blocks = block_range(0, static_cast<std::uint32_t>(p.tokens / 16 + 1));
   (void)e.coord.admit(AdmitRequest{id, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{0}});
   forward(e, p, blocks, SlotId{0}, boundary);
   (void)e.coord.finish(FinishRequest{id, p.tokens, p.keys, blocks, Checkpoint{boundary, p.hash_at(boundary)}, SlotId{0}});
-  REQUIRE(e.step_until([&] { return e.was_released(id) && e.index.stats().saves_outstanding == 0; }));
+  REQUIRE(e.step_until([&] { return e.was_freed(id) && e.index.stats().saves_outstanding == 0; }));
 }
 
 }  // namespace kvfuse::testing

@@ -60,6 +60,14 @@ struct FakeIndex {
     return n;
   }
   Generation last_issued() const noexcept { return last; }
+  template <class F>
+  void for_each_load_in_flight(F&& f) const noexcept {
+    for (const LoadKey& k : outstanding) f(k);
+  }
+  template <class F>
+  void for_each_save_in_flight(F&& f) const noexcept {
+    for (const SaveKey& k : saves) f(k);
+  }
 };
 
 }  // namespace kvfuse::testing

@@ -54,7 +54,7 @@ TEST_CASE("R14 the capability is decided from config alone with one answer per c
   struct Case {
     const char* what;
     EngineOptions cfg;
-    bool can_save, can_load, kv_can_save, kv_can_load;
+    bool state_can_save, state_can_load, kv_can_save, kv_can_load;
     std::string_view reason_mentions;
   };
   const std::vector<Case> cases = {
@@ -83,11 +83,11 @@ TEST_CASE("R14 the capability is decided from config alone with one answer per c
   for (const Case& c : cases) {
     CAPTURE(c.what);
     const Capability cap = state_tier_capability(c.cfg);
-    CHECK(cap.can_save == c.can_save);
-    CHECK(cap.can_load == c.can_load);
+    CHECK(cap.state_can_save == c.state_can_save);
+    CHECK(cap.state_can_load == c.state_can_load);
     CHECK(cap.kv_can_save == c.kv_can_save);
     CHECK(cap.kv_can_load == c.kv_can_load);
-    CHECK((cap.reason.empty()) == (c.can_save && c.can_load));
+    CHECK((cap.reason.empty()) == (c.state_can_save && c.state_can_load));
     CHECK_MESSAGE(contains(cap.reason, c.reason_mentions), cap.reason);
     CHECK(state_tier_capability(c.cfg) == cap);  // deterministic: the same config, the same answer
   }
@@ -231,8 +231,8 @@ TEST_CASE("R15 a multi spelled as an alias still unwraps its offload sub") {
     CAPTURE(spelling);
     const Capability cap = state_tier_capability(
         multi(spelling, {{"mooncake", KvRole::producer}, {"LMCacheConnectorV1", KvRole::consumer}}, StateLayout::k3_recurrent));
-    CHECK(cap.can_load);
-    CHECK_FALSE(cap.can_save);
+    CHECK(cap.state_can_load);
+    CHECK_FALSE(cap.state_can_save);
     CHECK(cap.kv_can_load);
   }
 }
@@ -257,4 +257,36 @@ TEST_CASE("R19 malformed connector configs throw kvfuse::Error naming the value"
   const std::string unknown = error_of([] { check_engine_options(single("Redis", KvRole::both, StateLayout::k3_recurrent, 2)); },
                                        ErrorCode::unknown_connector);
   CHECK(contains(unknown, "'Redis'"));
+}
+
+TEST_CASE("R19 a role or layout outside its enum is an Error naming the field and the value") {
+  // Not a quiet answer: KvRole(5) used to come back as a role that both loads and saves.
+  const std::string role = error_of(
+      [] { (void)state_tier_capability(single("offload", static_cast<KvRole>(5), StateLayout::k3_recurrent)); },
+      ErrorCode::invalid_argument);
+  CHECK(contains(role, "kv_role=5"));
+  CHECK(contains(role, "KvRole"));
+  const std::string layout = error_of(
+      [] { check_engine_options(single("offload", KvRole::both, static_cast<StateLayout>(7))); },
+      ErrorCode::invalid_argument);
+  CHECK(contains(layout, "layout=7"));
+  CHECK(contains(layout, "StateLayout"));
+  // Even where the value would not decide anything: no offload connector, pp > 1.
+  error_of([] { (void)state_tier_capability(single("nixl", KvRole::both, static_cast<StateLayout>(3))); },
+           ErrorCode::invalid_argument);
+  error_of([] { (void)state_tier_capability(single("nixl", static_cast<KvRole>(3), StateLayout::none, 4)); },
+           ErrorCode::invalid_argument);
+  // A sub-connector's own role, named with its index and name.
+  const std::string sub = error_of(
+      [] {
+        (void)state_tier_capability(
+            multi("multi", {{"nixl", std::nullopt}, {"LMCacheConnectorV1", static_cast<KvRole>(200)}}, StateLayout::none));
+      },
+      ErrorCode::invalid_argument);
+  CHECK(contains(sub, "subs[1].kv_role=200"));
+  CHECK(contains(sub, "'LMCacheConnectorV1'"));
+  // Every value inside the enums still answers.
+  for (const KvRole r : {KvRole::producer, KvRole::consumer, KvRole::both})
+    for (const StateLayout l : {StateLayout::none, StateLayout::dsv4_slot, StateLayout::k3_recurrent})
+      CHECK_NOTHROW((void)state_tier_capability(single("offload", r, l)));
 }

@@ -186,7 +186,7 @@ TEST_CASE("R1 a load with neither leg emits one record with invalid_spec on both
   CHECK_FALSE(record_ok(out.loads[0]));
 }
 
-TEST_CASE("R2 fail_all after an exception keeps a genuine miss so the hash is still retracted") {
+TEST_CASE("R2 fail_legs after an exception keeps a genuine miss so the hash is still retracted") {
   RecordingEmitter out;
   {
     CompletionGuard guard(joint_request(), 0, out);
@@ -194,7 +194,7 @@ TEST_CASE("R2 fail_all after an exception keeps a genuine miss so the hash is st
     try {
       throw LegFailure();
     } catch (const LegFailure&) {
-      guard.fail_all(Reason::exception);
+      guard.fail_legs(Reason::exception);
     }
   }
   REQUIRE(out.loads.size() == 1);

@@ -151,6 +151,25 @@ TEST_CASE("configured: bad tier settings are invalid_argument naming the field")
   CHECK(configure(d).preset == Preset::dense);
 }
 
+TEST_CASE("configured: an enum value outside its enum is invalid_argument naming the field and the value") {
+  DeploymentOptions o = stateful_options(StateLayout::k3_recurrent);
+  o.engine.layout = static_cast<StateLayout>(7);
+  expect_error(o, ErrorCode::invalid_argument, {"layout=7", "StateLayout"});
+  o = dense_options();
+  o.engine.kv_role = static_cast<KvRole>(5);
+  expect_error(o, ErrorCode::invalid_argument, {"kv_role=5", "KvRole"});
+  o = dense_options();
+  o.engine.connector = "multi";
+  o.engine.subs = {{"nixl", {}}, {"offload", static_cast<KvRole>(5)}};
+  expect_error(o, ErrorCode::invalid_argument, {"subs[1].kv_role=5", "'offload'"});
+  o = dense_options();
+  o.kv_tier.kind = static_cast<TierKind>(9);
+  expect_error(o, ErrorCode::invalid_argument, {"kv_tier.kind=9", "TierKind"});
+  o = stateful_options(StateLayout::dsv4_slot);
+  o.state_tier.kind = static_cast<TierKind>(9);
+  expect_error(o, ErrorCode::invalid_argument, {"state_tier.kind=9", "TierKind"});
+}
+
 // ---- good configs -----------------------------------------------------------------------
 
 TEST_CASE("configured: a plain dense offload config") {
@@ -165,8 +184,8 @@ TEST_CASE("configured: a plain dense offload config") {
   CHECK(c.offload_sub == 0);
   CHECK(c.capability.kv_can_save);
   CHECK(c.capability.kv_can_load);
-  CHECK_FALSE(c.capability.can_load);
-  CHECK(c.index.can_load);
+  CHECK_FALSE(c.capability.state_can_load);
+  CHECK(c.index.role_loads);
   CHECK_FALSE(c.index.state_tier);
   CHECK(c.index.slot_count == 0);
   CHECK(c.coordinator.layout == StateLayout::none);
@@ -186,11 +205,11 @@ TEST_CASE("configured: a DSV4 multi of a P/D sub and the offload sub in alias sp
   CHECK(c.subs[0] == "nixl");
   CHECK(c.subs[1] == "offload");
   CHECK(c.offload_sub == 1);
-  CHECK(c.capability.can_save);
-  CHECK(c.capability.can_load);
+  CHECK(c.capability.state_can_save);
+  CHECK(c.capability.state_can_load);
   CHECK(c.index.slot_count == 8);
   CHECK(c.index.state_tier);
-  CHECK(c.index.can_load);
+  CHECK(c.index.role_loads);
   CHECK(c.coordinator.layout == StateLayout::dsv4_slot);
   CHECK(c.coordinator.grids == PlanGrids{16, 64});
 }
@@ -202,9 +221,9 @@ TEST_CASE("configured: a K3 producer under an alias name and a K3 multi whose of
   const ConfiguredComposition c = configure(o);
   CHECK(c.preset == Preset::k3);
   CHECK(c.subs == std::vector<std::string_view>{"offload"});
-  CHECK(c.capability.can_save);
-  CHECK_FALSE(c.capability.can_load);
-  CHECK_FALSE(c.index.can_load);
+  CHECK(c.capability.state_can_save);
+  CHECK_FALSE(c.capability.state_can_load);
+  CHECK_FALSE(c.index.role_loads);
   CHECK_FALSE(c.index.state_tier);
   CHECK(c.coordinator.layout == StateLayout::k3_recurrent);
 
@@ -214,9 +233,9 @@ TEST_CASE("configured: a K3 producer under an alias name and a K3 multi whose of
   const ConfiguredComposition k = configure(m);
   CHECK(k.subs == std::vector<std::string_view>{"mooncake", "offload", "p2p_nccl"});
   CHECK(k.offload_sub == 1);
-  CHECK_FALSE(k.capability.can_save);
-  CHECK(k.capability.can_load);
-  CHECK(k.index.can_load);
+  CHECK_FALSE(k.capability.state_can_save);
+  CHECK(k.capability.state_can_load);
+  CHECK(k.index.role_loads);
   CHECK(k.index.state_tier);
 }
 

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -40,6 +41,7 @@ struct ScriptedKv {
 /// A concurrent state leg whose behaviour the test scripts.
 struct ScriptedState {
   static constexpr StateOrdering ordering = StateOrdering::concurrent;
+  static constexpr StateLayout layout = StateLayout::k3_recurrent;
   std::function<StateVerdict()> on_load;
   template <Runtime R>
   StateVerdict load(const StateSpec&, const KvSpec*, LaneContext<R>&) {
@@ -359,35 +361,55 @@ TEST_CASE("R11 specs the rank disagrees with are refused with a reason and never
   for (std::uint32_t s = 0; s < g.num_slots; ++s) CHECK(rank.pools.slot_is_zero(SlotId{s}));
 }
 
-TEST_CASE("R11 a stateful DSV4 load with a nonzero HBM floor is refused") {
+TEST_CASE("R11 a DSV4 joint load from a nonzero HBM floor restores its state and fills the blocks above the floor") {
   RealRank<Dsv4> rank;
   const RankGeometry& g = rank.pools.geo;
   LoadRequest r;
   r.key = LoadKey{RequestId{1}, Generation{1}};
-  rank.save_chunk(chunk_keys(1, 1)[0]);
-  r.kv = KvSpec{g.block_tokens, g.chunk_tokens, chunk_keys(1, 1), block_range(9, 3)};
-  r.state = state_spec(PrefixHash{5}, SlotId{1});
+  rank.save_chunk(chunk_keys(1, 1)[0]);  // the KV of [0, 64) in the tier
+  const TokenCount boundary = g.chunk_tokens - g.block_tokens;  // 48: above the 16-token floor
+  rank.pools.write_state(SlotId{0}, PrefixHash{5});
+  rank.conn.save_state(StateSave{SaveKey{PrefixHash{5}, Generation{98}}, SlotId{0}, boundary});
+  REQUIRE(rank.await_save().stored.ok);
+  // Evicted from HBM: the blocks that will take [16, 64) hold nothing of the prompt.
+  for (const BlockId b : block_range(9, 3)) std::memset(rank.pools.block(b), 0, g.block_bytes());
+  r.kv = KvSpec{g.block_tokens, g.chunk_tokens, chunk_keys(1, 1), block_range(9, 3)};  // hbm = 16: [0, 16) resident
+  r.state = state_spec(PrefixHash{5}, SlotId{1}, boundary);
   const auto rec = rank.load(std::move(r));
-  CHECK(rec.state == StateOutcome::refused);
   CHECK(rec.kv == KvOutcome::ok);
-  CHECK(rec.state_reason == Reason::nonzero_hbm_floor);
-  CHECK(rank.pools.slot_is_zero(SlotId{1}));
+  CHECK(rec.state == StateOutcome::restored);
+  CHECK(rec.state_reason == Reason::none);
+  CHECK(rank.pools.holds_state(SlotId{1}, PrefixHash{5}));
+  CHECK(rank.pools.holds_prompt(block_range(9, 3), g.block_tokens, g.chunk_tokens));
 }
 
-TEST_CASE("R12 standing staging bytes are lanes x buffer size and allocated at construction") {
+TEST_CASE("R12 standing staging bytes are every lane's buffer, the save lane's sized for a whole save, allocated at construction") {
+  const std::size_t chunk = small_geometry(0, 1).chunk_bytes();
+  const std::size_t save_chunks = ConnectorOptions{}.save_staging_chunks;
+  CHECK(save_chunks == 8);
   SUBCASE("dense: a load lane and a save lane") {
     RealRank<Dense> rank;
     const ConnectorStats s = rank.conn.stats();
     CHECK(s.lanes == 2);
-    CHECK(s.standing_staging_bytes == 2 * rank.pools.geo.chunk_bytes());
+    CHECK(s.standing_staging_bytes == chunk + save_chunks * chunk);
     CHECK(rank.rt.pinned_bytes() == s.standing_staging_bytes);
   }
   SUBCASE("K3: plus a state lane") {
     RealRank<K3> rank;
     const ConnectorStats s = rank.conn.stats();
     CHECK(s.lanes == 3);
-    CHECK(s.standing_staging_bytes == 3 * rank.pools.geo.chunk_bytes());
+    CHECK(s.standing_staging_bytes == 2 * chunk + save_chunks * chunk);
     CHECK(rank.rt.pinned_bytes() == s.standing_staging_bytes);
+  }
+  SUBCASE("save_staging_chunks = 1: every lane the same one-chunk buffer") {
+    HostRuntime rt;
+    SingleRank group;
+    DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+    Mem tier(1 << 20);
+    K3 conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), RecurrentState<Mem>(tier), group,
+            ConnectorOptions{.save_staging_chunks = 1});
+    CHECK(conn.stats().standing_staging_bytes == 3 * chunk);
+    CHECK(rt.pinned_bytes() == conn.stats().standing_staging_bytes);
   }
 }
 
@@ -395,16 +417,27 @@ namespace {
 /// A concurrent state leg that does not say how big its entries are: not a StateLegFor.
 struct SizelessState {
   static constexpr StateOrdering ordering = StateOrdering::concurrent;
+  static constexpr StateLayout layout = StateLayout::k3_recurrent;
   template <Runtime R>
   StateVerdict load(const StateSpec&, const KvSpec*, LaneContext<R>&) { return {}; }
   template <Runtime R>
   SaveVerdict save(const StateSave&, LaneContext<R>&) { return {}; }
 };
 
+/// A state leg whose layout contradicts its ordering: stateful scheduling, no layout.
+struct MislabelledState : ScriptedState {
+  static constexpr StateLayout layout = StateLayout::none;
+};
+/// No ordering's worth of state, a stateful layout.
+struct MislabelledNoState {
+  static constexpr StateOrdering ordering = StateOrdering::none;
+  static constexpr StateLayout layout = StateLayout::dsv4_slot;
+};
+
 /// Builds a `Conn` rank on `g` and returns its standing staging bytes; a stateful one
 /// also stores the checkpoint in slot 0 and restores it into slot 1 through that staging.
 template <class Conn>
-std::size_t standing_staging(const RankGeometry& g) {
+std::size_t standing_staging(const RankGeometry& g, ConnectorOptions options = {}) {
   HostRuntime rt;
   SingleRank group;
   DevicePools<HostRuntime> pools(rt, g);
@@ -413,7 +446,7 @@ std::size_t standing_staging(const RankGeometry& g) {
     if constexpr (Conn::has_state) return typename Conn::state_leg_type(tier);
     else return NoState{};
   };
-  Conn conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), state_leg(), group);
+  Conn conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), state_leg(), group, std::move(options));
   const ConnectorStats stats = conn.stats();
   CHECK(stats.lanes == Conn::lane_count);
   CHECK(rt.pinned_bytes() == stats.standing_staging_bytes);
@@ -436,20 +469,60 @@ std::size_t standing_staging(const RankGeometry& g) {
 }
 }  // namespace
 
-TEST_CASE("R12 staging per lane is the larger of a KV chunk and the preset's state entry") {
+TEST_CASE("policies: every state leg names the model's layout and each preset exposes it, the serial K3 one included") {
+  static_assert(!StateLegFor<MislabelledState, HostRuntime>);
+  static_assert(!StateLegFor<MislabelledNoState, HostRuntime>);
+  static_assert(StateLegFor<ScriptedState, HostRuntime>);
+  static_assert(DenseConnector<Mem, SingleRank>::layout == StateLayout::none);
+  static_assert(Dsv4Connector<Mem, Mem, SingleRank>::layout == StateLayout::dsv4_slot);
+  static_assert(KimiK3Connector<Mem, Mem, SingleRank>::layout == StateLayout::k3_recurrent);
+  // Scheduled like DSV4 (after KV, one lane), planned like K3: the layout is the model's.
+  using Serial = KimiK3SerialConnector<Mem, Mem, SingleRank>;
+  static_assert(Serial::ordering == StateOrdering::after_kv && Serial::layout == StateLayout::k3_recurrent);
+  CHECK(to_string(Serial::layout) == "k3_recurrent");
+}
+
+TEST_CASE("R12 staging per lane is the larger of a KV chunk and the preset's state entry, the save lane's at least save_staging_chunks chunks") {
   static_assert(!StateLegFor<SizelessState, HostRuntime>);
   static_assert(sizeof(SlotSidecar) == 24);
-  for (const std::size_t slot_bytes : {std::size_t{512}, std::size_t{4096}}) {  // below and above a chunk
+  for (const std::size_t slot_bytes : {std::size_t{512}, std::size_t{4096}, std::size_t{40000}}) {  // below, above a chunk and above 8
     CAPTURE(slot_bytes);
     RankGeometry g = small_geometry(0, 1);
     g.slot_bytes = slot_bytes;
     const std::size_t chunk = g.chunk_bytes();  // 2048
+    const std::size_t save = 8 * chunk;         // the default save_staging_chunks
     CHECK(RecurrentState<Mem>::entry_bytes(g) == slot_bytes);
     CHECK(SlotState<Mem>::entry_bytes(g) == 24 + slot_bytes);
-    CHECK(standing_staging<Dense>(g) == 2 * chunk);
-    CHECK(standing_staging<Dsv4>(g) == 2 * std::max(chunk, 24 + slot_bytes));
-    CHECK(standing_staging<K3>(g) == 3 * std::max(chunk, slot_bytes));
+    const std::size_t dsv4 = std::max(chunk, 24 + slot_bytes), k3 = std::max(chunk, slot_bytes);
+    CHECK(standing_staging<Dense>(g) == chunk + save);
+    CHECK(standing_staging<Dsv4>(g) == dsv4 + std::max(dsv4, save));
+    CHECK(standing_staging<K3>(g) == 2 * k3 + std::max(k3, save));
+    // One chunk on the save lane: the state entry still fits there.
+    CHECK(standing_staging<Dsv4>(g, ConnectorOptions{.save_staging_chunks = 1}) == 2 * dsv4);
+    CHECK(standing_staging<K3>(g, ConnectorOptions{.save_staging_chunks = 3}) == 2 * k3 + std::max(k3, 3 * chunk));
   }
+}
+
+TEST_CASE("connector: save_staging_chunks of 0, or one whose bytes overflow, is refused naming the option") {
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+  Mem tier(1 << 20);
+  for (const std::size_t chunks : {std::size_t{0}, SIZE_MAX / 1024}) {
+    CAPTURE(chunks);
+    try {
+      Dense conn(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group,
+                 ConnectorOptions{.save_staging_chunks = chunks});
+      FAIL("a bad save_staging_chunks must be refused");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      const std::string what = e.what();
+      CHECK(what.find("ConnectorOptions::save_staging_chunks") != std::string::npos);
+      CHECK(what.find(std::to_string(chunks)) != std::string::npos);
+    }
+  }
+  CHECK(rt.pinned_bytes() == 0);
+  CHECK_NOTHROW(Dense(pools.geo, rt, pools.memory(), PagedKv<Mem>(tier), NoState{}, group));  // lanes still free
 }
 
 TEST_CASE("R12 nothing is allocated on the load path") {
@@ -476,6 +549,62 @@ TEST_CASE("R12 nothing is allocated on the load path") {
   REQUIRE(rank.log.loads.size() == 6);
   for (const auto& rec : rank.log.loads) CHECK(rec.state == StateOutcome::restored);
   CHECK(rank.pools.holds_prompt(block_range(8, 4), 0, rank.pools.geo.chunk_tokens));
+}
+
+namespace {
+/// A tier that keeps nothing and allocates nothing: its put checks the bytes are the
+/// chunk written under that key and counts it. A save through it allocates only what the
+/// connector and the leg do.
+struct CheckingTier {
+  const DevicePools<HostRuntime>* pools = nullptr;
+  std::vector<PrefixHash> keys;  // chunk c of the prompt is saved under keys[c]
+  std::atomic<std::uint64_t> good_puts{0}, bad_puts{0};
+  TierView get(const TierKey&, std::span<std::byte>) noexcept { return TierView(GetStatus::miss); }
+  bool put(const TierKey& key, std::span<const std::byte> bytes) noexcept {
+    const RankGeometry& g = pools->geo;
+    bool good = bytes.size() == g.chunk_bytes();
+    const auto at = std::find(keys.begin(), keys.end(), key.hash);
+    const TokenCount c = static_cast<TokenCount>(at - keys.begin());
+    good = good && at != keys.end();
+    for (TokenCount t = 0; good && t < g.chunk_tokens; ++t)
+      for (std::size_t j = 0; j < g.kv_bytes_per_token; ++j)
+        good = good && bytes[t * g.kv_bytes_per_token + j] == kv_byte(0, c * g.chunk_tokens + t, j);
+    (good ? good_puts : bad_puts).fetch_add(1);
+    return true;
+  }
+  bool contains(const TierKey&) const noexcept { return false; }
+  bool erase(const TierKey&) noexcept { return false; }
+};
+}  // namespace
+
+TEST_CASE("R12 a multi-chunk save allocates nothing, gathered whole or in batches") {
+  REQUIRE(detail::AllocationScope::hook_installed());
+  HostRuntime rt;
+  SingleRank group;
+  DevicePools<HostRuntime> pools(rt, small_geometry(0, 1));
+  CheckingTier tier;
+  tier.pools = &pools;
+  tier.keys = chunk_keys(6, 6);
+  const std::vector<BlockId> blocks = block_range(10, 24);
+  pools.write_prompt(blocks, 6 * pools.geo.chunk_tokens);
+  Connector<PagedKv<CheckingTier>, NoState, SingleRank> conn(pools.geo, rt, pools.memory(), PagedKv<CheckingTier>(tier),
+                                                              NoState{}, group, ConnectorOptions{.save_staging_chunks = 4});
+  // 4 chunks fit the save lane's staging; 6 do not (batches of 2 and 4).
+  KvSave fits{SaveKey{tier.keys[3], Generation{1}}, {tier.keys.begin(), tier.keys.begin() + 4}, block_range(10, 16)};
+  KvSave larger{SaveKey{tier.keys[5], Generation{2}}, tier.keys, blocks};
+  {
+    detail::AllocationScope scope;
+    conn.save_kv(std::move(fits));
+    conn.save_kv(std::move(larger));
+    conn.drain();
+    CHECK(scope.all_threads() == 0);
+  }
+  RecordLog log;
+  REQUIRE(drain_until(group, log, [&] { return log.stores.size() == 4; }));
+  for (const SaveRecord& r : log.stores) CHECK(r.ok);
+  CHECK(tier.good_puts.load() == 10);
+  CHECK(tier.bad_puts.load() == 0);
+  CHECK(conn.stats().staging_fallbacks == 1);
 }
 
 TEST_CASE("R13 a step whose event cannot be created still saves through a device synchronize") {

@@ -1,14 +1,19 @@
-// The Coordinator against a small reference model: 10^5 random operations — admit, step,
-// teardown, finish, tick, rank records delivered in any order with any outcome, rank death
-// and return — on one thread, with the ranks simulated (records go through the pump's
-// ingest). After every operation the invariants hold; every event the coordinator hands
-// out is checked against what the model allows:
+// The Coordinator against a small reference model: 10^5 random operations — admit
+// (re-admission of a running request included), step, teardown (twice in a row
+// included), finish (of a parked request included), mid-prefill checkpoints from snapshot
+// slots, progress saves, tick, rank records delivered in any order with any outcome, rank
+// death (every rank at once included) and return — on one thread, with the ranks simulated (records go through the pump's ingest). After every
+// operation the invariants hold; every event the coordinator hands out is checked against
+// what the model allows:
 //   - a request unparks only while it is parked, exactly once per admission, with the
 //     tokens its load claimed when the load completed and 0 otherwise;
-//   - a request's blocks and slot are released only when no rank can still write or read
-//     them: no record of any of its loads or saves is still undelivered from a live rank;
-//   - at the end, with every record delivered, nothing is parked, nothing is held, and
-//     every request that ended was released exactly once.
+//   - an admission's blocks and slot are freed only once it ended and no rank can
+//     still write or read them: no record of any of its loads or saves is still
+//     undelivered from a live rank; each admission is freed exactly once, under its id;
+//   - a snapshot slot comes back only once no live rank may still read it, exactly once
+//     per checkpoint saved from it;
+//   - at the end, with every record delivered, nothing is parked, nothing is held, every
+//     admission that ended was freed exactly once and every snapshot slot came back.
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
@@ -31,6 +36,7 @@ constexpr std::uint32_t kWorld = 3;
 constexpr std::uint64_t kRequests = 12;
 constexpr std::uint32_t kSlots = 12;
 constexpr std::uint32_t kChunk = 64, kBlock = 16;
+constexpr std::uint32_t kSnapshots = 4;  // snapshot slots 100..103, beside the requests' slots
 
 /// One record a simulated rank still owes.
 struct Owed {
@@ -69,24 +75,29 @@ struct AllHeld {
   std::size_t operator()(std::span<const PrefixHash> keys) const { return keys.size(); }
 };
 
-/// What the model knows of one request.
+/// What the model knows of one admission: every load key it had (an orphan included) and
+/// every save it sent.
+struct ModelAdmission {
+  std::set<LoadKey> loads;
+  std::set<SaveKey> saves;
+};
+
+/// What the model knows of one request: its live admission, and the ended ones whose
+/// release is still due.
 struct ModelRequest {
-  enum class State { idle, parked, running, gone } state = State::idle;
+  enum class State { idle, parked, running } state = State::idle;  // idle: no live admission
   LoadKey key{};
   TokenCount claims = 0;
-  std::set<LoadKey> loads;   // every load key it ever had (orphans included)
-  std::set<SaveKey> saves;   // every save it sent
-  bool release_expected = false;
-  int released = 0;
+  AdmissionId live{};
+  ModelAdmission current;
+  std::map<AdmissionId, ModelAdmission> ended;  // freed exactly once each, and only when safe
 };
 
 struct Run {
   std::mt19937_64 rng;
   std::vector<Owed> owed;
   std::set<std::uint32_t> dead;
-  std::vector<SlotId> index_freed;
-  OffloadIndex<Clock> index{OffloadIndexOptions{.hash_capacity = 256, .slot_count = kSlots},
-                            [this](SlotId s) { index_freed.push_back(s); }};
+  OffloadIndex<Clock> index{OffloadIndexOptions{.hash_capacity = 256, .slot_count = kSlots}};
   TpQuorum group{TpQuorumOptions{kWorld, 0, 64, 256}};
   SettlementPump<TpQuorum, OffloadIndex<Clock>> pump{group, index};
   SimTransport transport;
@@ -98,9 +109,14 @@ struct Run {
   std::vector<PrefixHash> keys;
   std::vector<BlockId> blocks;
   std::vector<Checkpoint> checkpoints;
-  std::uint64_t unparks = 0, releases = 0, completed = 0;
+  std::uint64_t unparks = 0, releases = 0, completed = 0, readmissions = 0, repeated_teardowns = 0, every_rank_dead = 0;
+  std::set<AdmissionId> admissions_seen;
+  std::vector<SlotId> free_snapshots;
+  std::map<SlotId, SaveKey> held_snapshots;  // snapshot -> the state save that reads it
+  std::uint64_t checkpoints_saved = 0, checkpoints_refused_as_indexed = 0, snapshots_back = 0, progress = 0;
 
   explicit Run(std::uint64_t seed) : rng(seed) {
+    for (std::uint32_t i = 0; i < kSnapshots; ++i) free_snapshots.push_back(SlotId{100 + i});
     transport.owed = &owed;
     transport.dead = &dead;
     transport.rng = &rng;
@@ -115,15 +131,22 @@ struct Run {
 
   std::set<LoadKey> reclaimed;  // orphans reclaim aged out: R8 lets their memory go on the timeout
 
-  /// True if some live rank still owes a record that touches request r's device memory
+  /// True if some live rank still owes a record that touches the admission's device memory
   /// (reclaimed orphans aside: that is what the reclaim timeout is for, R8).
-  bool owes(const ModelRequest& m) const {
+  bool owes(const ModelAdmission& a) const {
     for (const Owed& o : owed) {
       if (dead.contains(o.rank)) continue;
-      if (o.is_load && m.loads.contains(o.load) && !reclaimed.contains(o.load)) return true;
-      if (!o.is_load && o.phase == SavePhase::released && m.saves.contains(o.save)) return true;
+      if (o.is_load && a.loads.contains(o.load) && !reclaimed.contains(o.load)) return true;
+      if (!o.is_load && o.phase == SavePhase::released && a.saves.contains(o.save)) return true;
     }
     return false;
+  }
+
+  /// The request's live admission ends (finish or teardown): its release is now due.
+  void end_live(ModelRequest& m) {
+    m.ended.emplace(m.live, std::move(m.current));
+    m.current = {};
+    m.state = ModelRequest::State::idle;
   }
 
   void absorb(const typename decltype(coord)::StepResult& s) {
@@ -135,32 +158,111 @@ struct Run {
       completed += u.kind == Resolution::completed;
       m.state = ModelRequest::State::running;
     }
-    for (const RequestId id : s.released) {
+    for (const Freed& rel : s.freed) {
       ++releases;
-      ModelRequest& m = model.at(id.value);
-      REQUIRE_MESSAGE(m.release_expected, "request " << id.value << " released unasked");
-      REQUIRE_MESSAGE(!owes(m), "request " << id.value << " released while a rank may still touch its memory");
-      ++m.released;
-      m.release_expected = false;
-      m.state = ModelRequest::State::idle;
-      m.loads.clear();
-      m.saves.clear();
+      ModelRequest& m = model.at(rel.request.value);
+      const auto it = m.ended.find(rel.admission);
+      REQUIRE_MESSAGE(it != m.ended.end(), "request " << rel.request.value << " admission " << rel.admission.value
+                                                      << " freed unasked (not ended, or twice)");
+      REQUIRE_MESSAGE(!owes(it->second), "request " << rel.request.value << " freed while a rank may still touch its memory");
+      m.ended.erase(it);
+    }
+    for (const SlotId slot : s.snapshots) {
+      ++snapshots_back;
+      const auto it = held_snapshots.find(slot);
+      REQUIRE_MESSAGE(it != held_snapshots.end(), "snapshot " << slot.value << " handed back but not held");
+      for (const Owed& o : owed)
+        REQUIRE_MESSAGE(!(!o.is_load && o.save == it->second && o.phase == SavePhase::released && !dead.contains(o.rank)),
+                        "snapshot " << slot.value << " handed back while rank " << o.rank << " may still read it; save "
+                                    << it->second.hash.value << "/" << it->second.generation.value << " in flight "
+                                    << index.is_save_in_flight(it->second) << " last op " << last_op);
+      held_snapshots.erase(it);
+      free_snapshots.push_back(slot);
     }
   }
+
+  // The saves a call just sent: keys on the owed list that no one has claimed yet.
+  std::vector<SaveKey> new_saves() {
+    std::vector<SaveKey> out;
+    for (const Owed& o : owed)
+      if (!o.is_load && !save_owner.contains(o.save) && std::find(out.begin(), out.end(), o.save) == out.end())
+        out.push_back(o.save);
+    return out;
+  }
+
+  void op_checkpoint() {
+    if (free_snapshots.empty()) return;
+    const std::uint64_t r = pick(kRequests);
+    const Checkpoint c = checkpoints[pick(checkpoints.size())];
+    const SlotId slot = free_snapshots.back();
+    const bool served = index.could_serve(c.hash);
+    const CheckpointResult result = coord.checkpoint(RequestId{r}, c, slot);
+    if (served) CHECK(result == CheckpointResult::already_indexed);
+    if (result == CheckpointResult::already_indexed) ++checkpoints_refused_as_indexed;
+    const std::vector<SaveKey> sent = new_saves();
+    if (result != CheckpointResult::saved) {
+      CHECK(sent.empty());  // nothing went out: the engine keeps its slot
+      return;
+    }
+    ++checkpoints_saved;
+    REQUIRE(sent.size() <= 1);  // none when every rank is dead: nobody owes it, it settles at the next step
+    if (!sent.empty()) save_owner[sent[0]] = r;
+    free_snapshots.pop_back();
+    held_snapshots.emplace(slot, sent.empty() ? SaveKey{} : sent[0]);
+  }
+
+  void op_progress() {
+    const std::uint64_t r = pick(kRequests);
+    ModelRequest& m = model[r];
+    if (m.state != ModelRequest::State::running || free_snapshots.empty()) return;
+    const SlotId slot = free_snapshots.back();
+    const Checkpoint c = checkpoints[pick(checkpoints.size())];
+    const std::uint64_t saved_before = coord.stats().checkpoints_saved;
+    const std::size_t sent_count = coord.save_progress(
+        ProgressSave{RequestId{r}, kBlock * (1 + pick(16)), keys, blocks, c, slot});
+    SaveKey state_save{};  // stays empty when every rank is dead: nobody owes it
+    for (const SaveKey& k : new_saves()) {
+      save_owner[k] = r;
+      if (k.hash == c.hash) state_save = k;  // the state save reads the snapshot
+      else m.current.saves.insert(k);        // the KV save reads the running admission's blocks
+    }
+    if (coord.stats().checkpoints_saved > saved_before) {
+      ++checkpoints_saved;
+      free_snapshots.pop_back();
+      held_snapshots.emplace(slot, state_save);
+    }
+    progress += sent_count > 0;
+  }
+
+  // Slots: each request admission draws from its own pair, so a re-admitted request never
+  // asks for the slot its orphan still holds.
+  SlotId slot_for(std::uint64_t r, AdmissionId a) const { return SlotId{static_cast<std::uint32_t>((r * 2 + a.value % 2) % kSlots)}; }
 
   void op_admit() {
     const std::uint64_t r = pick(kRequests);
     ModelRequest& m = model[r];
-    if (m.state != ModelRequest::State::idle || m.release_expected) return;
     const TokenCount prompt = kChunk * (1 + pick(3)) + kBlock * (1 + pick(3));
     const TokenCount hbm = kBlock * pick(prompt / kBlock);
-    const AdmitDecision d = coord.admit(AdmitRequest{RequestId{r}, prompt, hbm, keys, blocks, checkpoints,
-                                                     SlotId{static_cast<std::uint32_t>(r % kSlots)}});
+    const std::uint64_t next = admissions_seen.empty() ? 1 : admissions_seen.rbegin()->value + 1;
+    const AdmitDecision d = coord.admit(AdmitRequest{RequestId{r}, prompt, hbm, keys, blocks, checkpoints, slot_for(r, AdmissionId{next})});
+    if (m.state == ModelRequest::State::parked) {  // a second admit of a parked request starts nothing
+      CHECK_FALSE(d.parked);
+      CHECK(d.reason == ComputeReason::already_parked);
+      CHECK(d.admission == m.live);
+      return;
+    }
+    REQUIRE_MESSAGE(admissions_seen.insert(d.admission).second, "admission " << d.admission.value << " issued twice");
+    CHECK(d.admission.value == next);
+    if (m.state == ModelRequest::State::running) {  // re-admitted without a teardown: the old admission ended
+      ++readmissions;
+      end_live(m);
+    }
+    m.live = d.admission;
     if (d.parked) {
       m.state = ModelRequest::State::parked;
       m.key = d.key;
       m.claims = d.claimed_tokens;
-      m.loads.insert(d.key);
+      m.current.loads.insert(d.key);
     } else {
       m.state = ModelRequest::State::running;  // computes from scratch
     }
@@ -169,29 +271,30 @@ struct Run {
   void op_teardown() {
     const std::uint64_t r = pick(kRequests);
     ModelRequest& m = model[r];
-    if (m.state == ModelRequest::State::idle || m.state == ModelRequest::State::gone || m.release_expected) return;
     coord.teardown(RequestId{r});
-    m.state = ModelRequest::State::gone;
-    m.release_expected = true;
+    if (m.state == ModelRequest::State::idle) {
+      ++repeated_teardowns;  // nothing live: nothing new is due
+      return;
+    }
+    end_live(m);
   }
 
   void op_finish() {
     const std::uint64_t r = pick(kRequests);
     ModelRequest& m = model[r];
-    if (m.state != ModelRequest::State::running || m.release_expected) return;
+    if (m.state == ModelRequest::State::idle) return;
     const TokenCount computed = kBlock * (1 + pick(16));
-    const std::uint64_t before_saves = index.stats().saves_issued;
-    (void)coord.finish(FinishRequest{RequestId{r}, computed, keys, blocks, checkpoints[pick(checkpoints.size())],
-                                     SlotId{static_cast<std::uint32_t>(r % kSlots)}});
+    const bool parked = m.state == ModelRequest::State::parked;
+    const std::size_t sent = coord.finish(FinishRequest{RequestId{r}, computed, keys, blocks,
+                                                        checkpoints[pick(checkpoints.size())], slot_for(r, m.live)});
+    if (parked) CHECK(sent == 0);  // a parked request is torn down, not finished
     // Learn the saves it sent from the owed list (their keys are new).
     for (const Owed& o : owed)
       if (!o.is_load && !save_owner.contains(o.save)) {
         save_owner[o.save] = r;
-        m.saves.insert(o.save);
+        m.current.saves.insert(o.save);
       }
-    CHECK(index.stats().saves_issued >= before_saves);
-    m.state = ModelRequest::State::gone;
-    m.release_expected = true;
+    end_live(m);
   }
 
   void op_deliver() {
@@ -217,28 +320,19 @@ struct Run {
     }
   }
 
-  // A key whose every owing rank died can never settle: nothing tells the group it exists
-  // (the load or save stays in flight, visible to report_overdue, never released). The
-  // model keeps one owing rank alive for every key, as a deployment keeps a quorum.
-  bool last_owner_of_something(std::uint32_t k) const {
-    for (const Owed& o : owed) {
-      if (o.rank != k) continue;
-      const bool shared = std::any_of(owed.begin(), owed.end(), [&](const Owed& x) {
-        return x.rank != k && !dead.contains(x.rank) && x.is_load == o.is_load && (o.is_load ? x.load == o.load : x.save == o.save);
-      });
-      if (!shared) return true;
-    }
-    return false;
-  }
-
+  // Any rank may die, the last one too: a key whose every owing rank died settles then
+  // (and a key dispatched while all are dead, at the next step).
   void op_rank() {
-    const std::uint32_t k = static_cast<std::uint32_t>(pick(kWorld));
+    // Dead ranks mostly come back soon (so most loads meet a live world), now and then all die.
+    std::uint32_t k = static_cast<std::uint32_t>(pick(kWorld));
+    if (!dead.empty() && pick(3) != 0) k = *std::next(dead.begin(), static_cast<std::ptrdiff_t>(pick(dead.size())));
     if (dead.contains(k)) {
       pump.mark_rank_alive(k);
       dead.erase(k);
-    } else if (dead.size() + 1 < kWorld && !last_owner_of_something(k)) {
+    } else {
       pump.mark_rank_dead(k);
       dead.insert(k);
+      every_rank_dead += dead.size() == kWorld;
       std::erase_if(owed, [k](const Owed& o) { return o.rank == k; });  // it will never report
     }
   }
@@ -266,11 +360,13 @@ struct Run {
   void one() {
     const std::uint64_t roll = pick(100);
     last_op = static_cast<int>(roll);
-    if (roll < 20) op_admit();
-    else if (roll < 45) absorb(coord.step());
-    else if (roll < 75) op_deliver();
-    else if (roll < 83) op_teardown();
-    else if (roll < 93) op_finish();
+    if (roll < 18) op_admit();
+    else if (roll < 42) absorb(coord.step());
+    else if (roll < 70) op_deliver();
+    else if (roll < 77) op_teardown();
+    else if (roll < 86) op_finish();
+    else if (roll < 90) op_checkpoint();
+    else if (roll < 93) op_progress();
     else if (roll < 97) op_tick();
     else op_rank();
     check_invariants();
@@ -295,10 +391,9 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     }
     for (int i = 0; i < 4; ++i) run.absorb(run.coord.step());
     for (auto& [r, m] : run.model)
-      if (m.state == ModelRequest::State::running && !m.release_expected) {
+      if (m.state == ModelRequest::State::running) {
         run.coord.teardown(RequestId{r});
-        m.state = ModelRequest::State::gone;
-        m.release_expected = true;
+        run.end_live(m);
       }
     Clock::current += 1h;
     (void)run.coord.tick(Clock::now(), 30s, 10s);  // orphans whose ranks died: reclaimed
@@ -311,9 +406,12 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     CHECK(s.invariant_violations == 0);
     CHECK(s.waiting_now == 0);
     CHECK(s.holding_now == 0);
+    CHECK(run.held_snapshots.empty());  // every snapshot came back
+    CHECK(run.free_snapshots.size() == kSnapshots);
+    CHECK(s.snapshots_held == 0);
     for (const auto& [r, m] : run.model) {
       CAPTURE(r);
-      CHECK_FALSE(m.release_expected);  // everything that ended was released
+      CHECK(m.ended.empty());  // every admission that ended was freed
       CHECK(m.state != ModelRequest::State::parked);
     }
     const IndexStats is = run.index.stats();
@@ -325,7 +423,19 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     CHECK(run.completed > 100);
     CHECK(run.releases > 1000);
     CHECK(run.transport.drops > 10);
+    CHECK(run.readmissions > 100);
+    CHECK(run.repeated_teardowns > 100);
+    CHECK(run.every_rank_dead > 0);
+    CHECK(run.checkpoints_saved > 100);
+    CHECK(run.checkpoints_refused_as_indexed > 100);
+    CHECK(run.snapshots_back == run.checkpoints_saved);  // one back per snapshot save, none pinned here
+    CHECK(s.snapshots_returned == run.snapshots_back);
+    CHECK(run.progress > 50);
     MESSAGE("unparks " << run.unparks << ", completed " << run.completed << ", releases " << run.releases
+                       << ", re-admissions " << run.readmissions << ", repeated teardowns " << run.repeated_teardowns
+                       << ", every rank dead " << run.every_rank_dead << ", checkpoints " << run.checkpoints_saved
+                       << " saved, " << run.checkpoints_refused_as_indexed << " already indexed, progress saves "
+                       << run.progress
                        << ", drops " << run.transport.drops << ", saves " << is.saves_issued);
   }
 }
@@ -345,7 +455,7 @@ TEST_CASE("coordinator: a save whose source a rank could not confirm free keeps 
     SaveRecord stored{o.save, o.rank, SavePhase::stored, false, Reason::kv_transfer_failed};
     run.pump.ingest(o.rank, std::span<const SaveRecord>(&stored, 1));
   }
-  for (int i = 0; i < 3; ++i) CHECK(run.coord.step().released.empty());
+  for (int i = 0; i < 3; ++i) CHECK(run.coord.step().freed.empty());
   CHECK(run.coord.stats().sources_pinned == 1);
   CHECK(run.index.stats().saves_outstanding == 0);  // the save itself ended (failed)
 }

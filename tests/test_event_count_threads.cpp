@@ -9,8 +9,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 using kvfuse::detail::EventCount;
 using namespace std::chrono_literals;
@@ -108,3 +115,80 @@ TEST_CASE("event count: notify_all wakes every sleeper, notify_one at least one"
   while (awake.load() < 4) ec.notify_all();
   for (std::thread& t : waiters) t.join();
 }
+
+#if defined(__linux__)
+namespace {
+
+/// Whether thread `tid` of this process is blocked in a futex system call right now
+/// (/proc/self/task/<tid>/syscall names the call a blocked thread is in, "running" otherwise).
+bool blocked_in_futex(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  long number = -1;
+  return static_cast<bool>(in >> number) && number == SYS_futex;
+}
+
+/// A notify hook that holds the notifier between its two steps until the test's waiter has
+/// either returned from its wait or is asleep in the futex (or 10 s pass). Armed by the
+/// test through `waiter`; a notify while it is null passes straight through.
+struct HoldNotifier {
+  struct Waiter {
+    std::atomic<pid_t> tid{0};
+    std::atomic<bool> entering_wait{false};  // the next thing the waiter does is wait(key)
+    std::atomic<bool> returned{false};
+    std::atomic<bool> notifier_held{false};
+    std::atomic<bool> saw_it_parked{false};
+  };
+  static inline std::atomic<Waiter*> waiter{nullptr};
+
+  static void between_steps() noexcept {
+    Waiter* w = waiter.load();
+    if (w == nullptr) return;
+    w->notifier_held.store(true);
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < until) {
+      if (w->returned.load()) return;
+      if (w->entering_wait.load() && blocked_in_futex(w->tid.load())) {
+        w->saw_it_parked.store(true);
+        return;
+      }
+      std::this_thread::sleep_for(100us);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("event count: a waiter that parks while a notify is between its two steps is still woken by it") {
+  // The waiter takes its key before the notify and calls wait(key) while the notifier is
+  // held between its two steps (bump the epoch, look for sleepers), then must return within
+  // a deadline. With the epoch bumped first the wait sees the new epoch and returns at
+  // once; were the steps swapped it would find no bump yet, park in the futex, and the
+  // notifier, having already looked for sleepers and found none, would never wake it.
+  kvfuse::detail::BasicEventCount<HoldNotifier> ec;
+  HoldNotifier::Waiter w;
+  HoldNotifier::waiter.store(&w);
+  std::atomic<bool> key_taken{false};
+  std::thread waiter([&] {
+    w.tid.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+    const auto key = ec.prepare_wait();
+    key_taken.store(true);  // ... and the condition it guards is seen false
+    while (!w.notifier_held.load()) std::this_thread::sleep_for(100us);
+    w.entering_wait.store(true);
+    ec.wait(key);
+    w.returned.store(true);
+  });
+  REQUIRE(within(10s, [&] { return key_taken.load(); }));
+  std::thread notifier([&] { ec.notify_one(); });  // the work is published; held inside
+  notifier.join();
+  const bool woken = within(5s, [&] { return w.returned.load(); });
+  const bool parked = w.saw_it_parked.load();  // true only if the waiter slept through the window
+  CAPTURE(parked);
+  CHECK(woken);
+  HoldNotifier::waiter.store(nullptr);
+  while (!w.returned.load()) {  // a lost wake-up: wake the waiter so the test can end
+    ec.notify_all();
+    std::this_thread::sleep_for(1ms);
+  }
+  waiter.join();
+}
+#endif

@@ -89,7 +89,27 @@ TEST_CASE("host runtime: bad options throw invalid_argument naming the value") {
     CHECK(what.find("stream_spin") != std::string::npos);
     CHECK(what.find("-7") != std::string::npos);
   }
+  try {
+    HostRuntime rt(HostRuntimeOptions{.default_mode = static_cast<HostStreamMode>(3)});
+    FAIL("expected an Error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("default_mode=3") != std::string::npos);
+  }
   CHECK(HostRuntime().options().stream_spin == std::chrono::nanoseconds{0});  // off by default
+}
+
+TEST_CASE("host runtime: a stream mode outside the enum is an Error naming the value") {
+  HostRuntime rt;
+  try {
+    HostRuntime::Stream s = rt.make_stream(static_cast<HostStreamMode>(4));
+    FAIL("expected an Error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("mode 4") != std::string::npos);
+  }
+  for (const HostStreamMode mode : {HostStreamMode::threaded, HostStreamMode::inline_calls})
+    CHECK(rt.make_stream(mode).mode() == mode);
 }
 
 TEST_CASE("host runtime: with stream_spin on a threaded stream runs every op in order and stops promptly") {

@@ -24,11 +24,14 @@ using Outcome = LruHashSet::Outcome;
 
 namespace {
 
-// Exact LRU: front is most recently used.
+// Exact LRU: front is most recently used. With a window > 1, the victim is the lightest of
+// the `window` least recently used (the least recent among equals).
 struct Model {
   std::size_t capacity;
   std::list<std::uint64_t> order;
   std::unordered_map<std::uint64_t, std::list<std::uint64_t>::iterator> where;
+  std::uint32_t window = 1;
+  std::unordered_map<std::uint64_t, std::uint32_t> weight;
 
   bool touch(std::uint64_t h) {
     const auto it = where.find(h);
@@ -36,17 +39,24 @@ struct Model {
     order.splice(order.begin(), order, it->second);
     return true;
   }
-  LruHashSet::InsertResult insert_or_touch(std::uint64_t h) {
+  LruHashSet::InsertResult insert_or_touch(std::uint64_t h, std::uint32_t w = 0) {
     LruHashSet::InsertResult r;
+    weight[h] = w;
     if (touch(h)) {
       r.outcome = Outcome::touched;
       return r;
     }
     if (order.size() >= capacity) {
+      auto victim = std::prev(order.end());
+      auto it = victim;
+      for (std::uint32_t seen = 1; seen < window && it != order.begin(); ++seen) {
+        --it;
+        if (weight[*it] < weight[*victim]) victim = it;
+      }
       r.evicted = true;
-      r.evicted_hash = PrefixHash{order.back()};
-      where.erase(order.back());
-      order.pop_back();
+      r.evicted_hash = PrefixHash{*victim};
+      where.erase(*victim);
+      order.erase(victim);
     }
     order.push_front(h);
     where[h] = order.begin();
@@ -88,8 +98,9 @@ int churn(LruHashSet& set, Model& model, int steps, std::uint64_t seed) {
       case 1:
       case 2:
       case 3: {
-        const auto want = model.insert_or_touch(k);
-        const auto got = set.insert_or_touch(PrefixHash{k});
+        const std::uint32_t w = static_cast<std::uint32_t>((k * 7919) % 13);  // ties on purpose
+        const auto want = model.insert_or_touch(k, w);
+        const auto got = set.insert_or_touch(PrefixHash{k}, w);
         if (got.outcome != want.outcome || got.evicted != want.evicted ||
             (want.evicted && got.evicted_hash != want.evicted_hash))
           ++bad;
@@ -131,12 +142,37 @@ TEST_CASE("lru hash set: exact LRU against a model, growing and preallocated at 
       CAPTURE(preallocate);
       CAPTURE(cap);
       LruHashSet set(cap, preallocate);
-      Model model{cap, {}, {}};
+      Model model{cap, {}, {}, 1, {}};
       CHECK(set.check().empty());
       CHECK(churn(set, model, cap >= 1000 ? 4000 : 20000, 17 + cap) == 0);
       CHECK(set.size() <= cap);
     }
   }
+}
+
+TEST_CASE("lru hash set: the weighted eviction takes the lightest of the window's least recently used, against a model") {
+  for (const bool preallocate : {false, true}) {
+    for (const std::uint32_t window : {2u, 8u}) {
+      for (const std::size_t cap : {1u, 2u, 3u, 16u, 17u, 100u}) {
+        CAPTURE(preallocate);
+        CAPTURE(window);
+        CAPTURE(cap);
+        LruHashSet set(cap, preallocate, window);
+        Model model{cap, {}, {}, window, {}};
+        CHECK(churn(set, model, 20000, 31 + cap + window) == 0);
+      }
+    }
+  }
+  // By hand: at the cap, among the 3 least recent, the lightest goes, not the least recent.
+  LruHashSet set(4, false, 3);
+  set.insert_or_touch(PrefixHash{1}, 500);  // least recent
+  set.insert_or_touch(PrefixHash{2}, 100);  // lightest of the three oldest
+  set.insert_or_touch(PrefixHash{3}, 300);
+  set.insert_or_touch(PrefixHash{4}, 50);   // lighter still, but the most recent: outside the window
+  const auto r = set.insert_or_touch(PrefixHash{5}, 400);
+  CHECK(r.evicted);
+  CHECK(r.evicted_hash == PrefixHash{2});
+  CHECK(set.contains(PrefixHash{1}));
 }
 
 TEST_CASE("lru hash set: contains does not reorder - touch and erase of the head, tail and middle") {
@@ -188,7 +224,7 @@ TEST_CASE("lru hash set: probe runs that wrap around the end survive erases and 
   for (int round = 0; round < 200; ++round) {
     CAPTURE(round);
     LruHashSet set(16, round % 2 == 0);
-    Model model{16, {}, {}};
+    Model model{16, {}, {}, 1, {}};
     std::shuffle(keys.begin(), keys.end(), rng);
     for (const std::uint64_t k : keys) {
       set.insert_or_touch(PrefixHash{k});
@@ -218,7 +254,7 @@ TEST_CASE("lru hash set: probe runs that wrap around the end survive erases and 
 TEST_CASE("lru hash set: growth keeps the exact order and visits each node once - a preallocated set never walks") {
   LruHashSet grown(std::size_t{1} << 12, false);
   LruHashSet whole(std::size_t{1} << 12, true);
-  Model model{std::size_t{1} << 12, {}, {}};
+  Model model{std::size_t{1} << 12, {}, {}, 1, {}};
   for (std::uint64_t h = 0; h < 3000; ++h) {
     grown.insert_or_touch(PrefixHash{h * 31});
     whole.insert_or_touch(PrefixHash{h * 31});
@@ -242,7 +278,7 @@ TEST_CASE("lru hash set: growth keeps the exact order and visits each node once 
 TEST_CASE("lru hash set: a growth that cannot allocate evicts the LRU hash - a preallocated set never allocates") {
   REQUIRE(AllocationScope::hook_installed());
   LruHashSet set(1000, false);
-  Model model{1000, {}, {}};
+  Model model{1000, {}, {}, 1, {}};
   for (std::uint64_t h = 1; h <= 16; ++h) {  // 32 slots, now at a load of 1/2
     set.insert_or_touch(PrefixHash{h});
     model.insert_or_touch(h);

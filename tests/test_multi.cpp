@@ -86,7 +86,7 @@ TEST_CASE("R16 the first sub with tokens wins the KV load and losers cancel what
   CHECK(pd.cancelled.empty());  // it armed nothing, it cancels nothing
 }
 
-TEST_CASE("R16 the state leg travels only with the tier sub's load or alone or is released") {
+TEST_CASE("R16 the state leg travels only with the tier sub's load or alone or is waived") {
   Mooncake pd;
   Offload tier;
   Multi<Mooncake, Offload> multi(pd, tier);
@@ -97,12 +97,12 @@ TEST_CASE("R16 the state leg travels only with the tier sub's load or alone or i
   tier.offer = 0;
   CHECK(multi.arbitrate(q, true).state == StateDisposition::state_only);  // no sub owns KV
   pd.offer = 256;
-  CHECK(multi.arbitrate(q, true).state == StateDisposition::released);  // a P/D sub owns KV
+  CHECK(multi.arbitrate(q, true).state == StateDisposition::waived);  // a P/D sub owns KV
   CHECK(multi.arbitrate(q, false).state == StateDisposition::none);
 
   Mooncake pd_only;
   Multi<Mooncake> no_tier(pd_only);
-  CHECK(no_tier.arbitrate(q, true).state == StateDisposition::released);  // no tier sub to run it
+  CHECK(no_tier.arbitrate(q, true).state == StateDisposition::waived);  // no tier sub to run it
 }
 
 TEST_CASE("R16 a released state load is abandoned (not missed) and unparks nothing else") {
@@ -121,7 +121,7 @@ TEST_CASE("R16 a released state load is abandoned (not missed) and unparks nothi
   pd.offer = 512;
   Multi<Mooncake, Offload> multi(pd, tier);
   const Arbitration a = multi.arbitrate(AdmissionQuery{RequestId{1}, 0, 1024}, true);
-  REQUIRE(a.state == StateDisposition::released);
+  REQUIRE(a.state == StateDisposition::waived);
   mine.ticket().abandon();  // the engine's response to `released`
 
   std::vector<LoadResolution> resolved;

@@ -43,7 +43,7 @@ struct Composed {
     return eventually([&] {
       const auto s = e.coord.step(*multi);
       e.unparked.insert(e.unparked.end(), s.unparked.begin(), s.unparked.end());
-      e.released.insert(e.released.end(), s.released.begin(), s.released.end());
+      e.freed.insert(e.freed.end(), s.freed.begin(), s.freed.end());
       return pred();
     });
   }
@@ -59,18 +59,18 @@ TEST_CASE("R16 a P/D winner releases the state leg: no ticket is taken and the r
   const Prompt p(21, 3);
   save_prompt(c.e, RequestId{1}, p, 176);  // the tier could serve a joint load at B = 176
   c.prefill_on_producer(RequestId{2}, p);
-  const std::uint64_t dispatched = c.e.index.stats().dispatched;
+  const std::uint64_t dispatched = c.e.index.stats().issued;
   const std::vector<BlockId> blocks = block_range(20, 13);
   const AdmitDecision d = c.e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{2}},
                                           *c.multi, c.tier);
   REQUIRE(d.parked);
   CHECK(d.sub == std::optional<std::size_t>(0));  // the P/D sub owns the KV load
-  CHECK(d.state_released);
+  CHECK(d.state_waived);
   CHECK(d.claimed_tokens == 0);
-  CHECK(c.e.index.stats().dispatched == dispatched);  // the state load was never ticketed (R7: nothing to retract)
+  CHECK(c.e.index.stats().issued == dispatched);  // the state load was never ticketed (R7: nothing to retract)
   CHECK(c.tier.cancelled == 1);                       // the tier offered and lost
-  CHECK(c.e.coord.stats().state_legs_released == 1);
-  CHECK(c.e.index.could_serve(p.hash_at(176)));       // a released leg retracts nothing
+  CHECK(c.e.coord.stats().state_legs_waived == 1);
+  CHECK(c.e.index.could_serve(p.hash_at(176)));       // a waived leg retracts nothing
   REQUIRE(c.step_until([&] { return c.e.unparks_of(RequestId{2}) == 1; }));
   CHECK(c.e.unparked.back() == Unpark{RequestId{2}, 0, Resolution::completed, false});
   // The transfer really moved the producer's KV into this engine's blocks.
@@ -88,7 +88,7 @@ TEST_CASE("R16 a P/D winner on a dense model resumes from the tokens it transfer
       c.e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 32, p.keys, blocks, p.checkpoints, std::nullopt}, *c.multi, c.tier);
   REQUIRE(d.parked);
   CHECK(d.sub == std::optional<std::size_t>(0));
-  CHECK_FALSE(d.state_released);
+  CHECK_FALSE(d.state_waived);
   CHECK(d.claimed_tokens == 192);  // P - 1 floored to the block grid: the last token is computed
   REQUIRE(c.step_until([&] { return c.e.unparks_of(RequestId{2}) == 1; }));
   CHECK(c.e.unparked.back().tokens == 192);
@@ -127,7 +127,22 @@ TEST_CASE("R16 no sub owns KV but the state is servable: a live state-only load 
   for (auto& rank : c.e.ranks) CHECK(rank->pools.holds_state(SlotId{3}, p.hash_at(176)));  // restored, not recomputed
 }
 
-TEST_CASE("R16 a request torn down during its P/D transfer never unparks and is released when the transfer ends") {
+TEST_CASE("R16 a state-only plan with no slot is no_slot through a composition too, as through admit") {
+  Composed<K3> c;
+  const Prompt p(31, 3);
+  save_prompt(c.e, RequestId{1}, p, 176);
+  const AdmitRequest req{RequestId{6}, p.tokens, 192, p.keys, block_range(0, 13), p.checkpoints, std::nullopt};
+  const AdmitDecision plain = c.e.coord.admit(req);
+  CHECK_FALSE(plain.parked);
+  CHECK(plain.reason == ComputeReason::no_slot);
+  c.e.coord.teardown(RequestId{6});
+  const AdmitDecision composed = c.e.coord.admit(req, *c.multi, c.tier);
+  CHECK_FALSE(composed.parked);
+  CHECK(composed.reason == ComputeReason::no_slot);
+  CHECK(std::holds_alternative<StateOnlyLoad>(composed.plan));
+}
+
+TEST_CASE("R16 a request torn down during its P/D transfer never unparks and is freed when the transfer ends") {
   Composed<Dense> c;
   const Prompt p(29, 3);
   c.prefill_on_producer(RequestId{5}, p);
@@ -135,7 +150,7 @@ TEST_CASE("R16 a request torn down during its P/D transfer never unparks and is 
                           *c.multi, c.tier).parked);
   c.e.coord.teardown(RequestId{5});
   CHECK(c.e.coord.stats().holding_now == 1);
-  REQUIRE(c.step_until([&] { return c.e.was_released(RequestId{5}); }));
+  REQUIRE(c.step_until([&] { return c.e.was_freed(RequestId{5}); }));
   CHECK(c.e.unparks_of(RequestId{5}) == 0);
   CHECK(c.e.coord.stats().holding_now == 0);
   CHECK(c.e.coord.stats().invariant_violations == 0);

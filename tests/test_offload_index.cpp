@@ -60,7 +60,7 @@ LoadKey start(Index& index, std::uint64_t request, std::optional<KvSpec> kv, std
 
 void check_identity(const Index& index) {
   const IndexStats s = index.stats();
-  CHECK(s.dispatched == s.completed + s.failed + s.abandoned + s.outstanding);
+  CHECK(s.issued == s.completed + s.failed + s.abandoned + s.outstanding);
   CHECK(s.invariant_violations == 0);
   const kvfuse::testing::ConsistencyReport rep = kvfuse::testing::check_consistency(index);
   CHECK_MESSAGE(rep.ok, rep.problem);
@@ -85,10 +85,10 @@ struct AuditTag {};
 // Reaches the counters so a test can corrupt one and watch the audit catch it.
 template <>
 struct kvfuse::detail::OffloadIndexAccess<AuditTag> {
-  static void bump_dispatched(Index& i) { ++i.dispatched_; }
-  static void unbump_dispatched(Index& i) { --i.dispatched_; }
-  static void bump_indexed(Index& i) { ++i.indexed_; }
-  static void unbump_indexed(Index& i) { --i.indexed_; }
+  static void bump_issued(Index& i) { ++i.stats_.issued; }
+  static void unbump_issued(Index& i) { --i.stats_.issued; }
+  static void bump_indexed(Index& i) { ++i.stats_.indexed; }
+  static void unbump_indexed(Index& i) { --i.stats_.indexed; }
 };
 
 // ------------------------------------------------------------------------------ R5
@@ -100,7 +100,7 @@ TEST_CASE("R5 the lifecycle identity holds at every instant (a live unconsumed t
   REQUIRE(a.admitted());
   // The ticket is alive and unconsumed: it already counts.
   IndexStats s = h.index.stats();
-  CHECK(s.dispatched == 1);
+  CHECK(s.issued == 1);
   CHECK(s.outstanding == 1);
   CHECK(s.in_flight == 0);
   check_identity(h.index);
@@ -123,7 +123,7 @@ TEST_CASE("R5 the lifecycle identity holds at every instant (a live unconsumed t
   check_identity(h.index);
 
   s = h.index.stats();
-  CHECK(s.dispatched == 5);
+  CHECK(s.issued == 5);
   CHECK(s.completed == 1);
   CHECK(s.failed == 1);
   CHECK(s.abandoned == 3);  // by key, by a dropped ticket, by reclaim
@@ -136,11 +136,11 @@ TEST_CASE("R5 stats() audits the identities on every read and counts each failed
   Harness h;
   using Access = detail::OffloadIndexAccess<AuditTag>;
   CHECK(h.index.stats().invariant_violations == 0);
-  Access::bump_dispatched(h.index);
+  Access::bump_issued(h.index);
   CHECK(h.index.stats().invariant_violations == 1);
   CHECK(h.index.stats().invariant_violations == 2);  // every read, no decimation
   CHECK_FALSE(kvfuse::testing::check_consistency(h.index).ok);
-  Access::unbump_dispatched(h.index);
+  Access::unbump_issued(h.index);
   CHECK(h.index.stats().invariant_violations == 2);  // a clean read adds nothing
 
   h.index.note_stored(PrefixHash{1});
@@ -438,7 +438,7 @@ TEST_CASE("R8 the index never releases the slot of a live request") {
   CHECK(h.index.abandon(c));
   CHECK(h.index.settle(Settlement{d, true, false}));
   CHECK(h.released.empty());
-  CHECK(h.index.stats().slots_released == 0);
+  CHECK(h.index.stats().slots_freed == 0);
 }
 
 TEST_CASE("R8 an orphan's slot goes back exactly once when its ranks settle it") {
@@ -580,7 +580,7 @@ TEST_CASE("R8 reclaim ages orphans from orphan time and not dispatch time") {
   CHECK(s.reclaimed == 1);
   CHECK(s.abandoned == 1);
   CHECK(s.late_reports == 1);
-  CHECK(s.slots_released == 1);
+  CHECK(s.slots_freed == 1);
   const std::vector<LoadResolution> got = drain(h.index);
   REQUIRE(got.size() == 1);
   CHECK(got[0] == LoadResolution{slow, Resolution::reclaimed, false, true, true});
@@ -644,7 +644,7 @@ TEST_CASE("R8 a re-admitted request gets a new generation and its own slot - the
   check_identity(h.index);
 }
 
-TEST_CASE("R8 a release callback that throws is counted and never propagated") {
+TEST_CASE("R8 a slot-free callback that throws is counted and never propagated") {
   OffloadIndexOptions o = small_options();
   Index index(o, [](SlotId) { throw std::runtime_error("allocator said no"); });
   index.note_stored(PrefixHash{1});
@@ -652,8 +652,8 @@ TEST_CASE("R8 a release callback that throws is counted and never propagated") {
   REQUIRE(index.orphan(k));
   CHECK(index.settle(Settlement{k, true, false}));
   const IndexStats s = index.stats();
-  CHECK(s.slot_release_errors == 1);
-  CHECK(s.slots_released == 1);
+  CHECK(s.slot_free_errors == 1);
+  CHECK(s.slots_freed == 1);
   CHECK(s.invariant_violations == 0);
 }
 
@@ -816,7 +816,7 @@ TEST_CASE("R19 bad input to the index is refused and leaves every counter and sl
 
   // Role and tier refusals.
   OffloadIndexOptions no_load = small_options();
-  no_load.can_load = false;
+  no_load.role_loads = false;
   Index producer(no_load, [](SlotId) {});
   producer.note_stored(PrefixHash{1});
   CHECK(producer.request_load(RequestId{1}, kv_spec(0, 256), std::nullopt).refusal() == LoadRefusal::role_cannot_load);
@@ -827,7 +827,7 @@ TEST_CASE("R19 bad input to the index is refused and leaves every counter and sl
   dense_index.note_stored(PrefixHash{1});
   CHECK(dense_index.request_load(RequestId{1}, kv_spec(0, 256), leg(1, 1)).refusal() == LoadRefusal::no_state_tier);
   CHECK(dense_index.request_load(RequestId{1}, kv_spec(0, 256), std::nullopt).admitted());
-  CHECK(producer.stats().dispatched == 0);
+  CHECK(producer.stats().issued == 0);
   CHECK(producer.stats().refused == 2);
 }
 
@@ -852,10 +852,19 @@ TEST_CASE("R19 construction errors throw kvfuse::Error naming the value") {
     CHECK(std::string(e.what()).find("got 16777217") != std::string::npos);
   }
   try {
-    Index index(small_options(), SlotRelease{});
-    FAIL("an empty release callback was accepted");
+    Index index(small_options(), SlotFree{});
+    FAIL("an empty slot-free callback was accepted");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::invalid_argument);
+  }
+  OffloadIndexOptions eviction = small_options();
+  eviction.hash_eviction = static_cast<HashEviction>(7);
+  try {
+    Index index(eviction);
+    FAIL("an unknown hash eviction was accepted");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("hash_eviction=7") != std::string::npos);
   }
   try {
     (void)TokenGrid::make(0);
@@ -909,4 +918,38 @@ TEST_CASE("index: preallocated hashes - drain by visitor - queries on resolved k
   CHECK(seen == 1);
   CHECK(index.pending_resolutions() == 0);
   CHECK(kvfuse::testing::check_consistency(index).ok);
+}
+
+TEST_CASE("index: with spared_tokens eviction a cold checkpoint sparing a long prefill outlives a cold short one") {
+  // Three checkpoints stored through saves (their boundaries travel with them), then a
+  // fourth at the cap of 3: the plain LRU index drops the oldest, the weighted one drops
+  // the one that spares the least prefill among its least recently used.
+  for (const HashEviction eviction : {HashEviction::lru, HashEviction::spared_tokens}) {
+    CAPTURE(to_string(eviction));
+    OffloadIndexOptions o = small_options(3);
+    o.hash_eviction = eviction;
+    Index index(o);
+    auto store = [&](std::uint64_t hash, TokenCount boundary) {
+      auto a = index.request_save(StateSave{SaveKey{PrefixHash{hash}, {}}, SlotId{0}, boundary});
+      REQUIRE(a.admitted());
+      const StateSave dispatched = a.ticket().dispatch();
+      REQUIRE(index.settle_save(SaveSettlement{dispatched.key, SavePhase::released, true}));
+      REQUIRE(index.settle_save(SaveSettlement{dispatched.key, SavePhase::stored, true}));
+    };
+    store(1, 4096);  // the oldest, and it spares the most
+    store(2, 64);
+    store(3, 1024);
+    store(4, 512);
+    CHECK(index.stats().hashes_evicted == 1);
+    CHECK(index.stats().indexed == 3);
+    if (eviction == HashEviction::lru) {
+      CHECK_FALSE(index.could_serve(PrefixHash{1}));
+      CHECK(index.could_serve(PrefixHash{2}));
+    } else {
+      CHECK(index.could_serve(PrefixHash{1}));
+      CHECK_FALSE(index.could_serve(PrefixHash{2}));
+    }
+    CHECK(index.stats().invariant_violations == 0);
+    CHECK(kvfuse::testing::check_consistency(index).ok);
+  }
 }

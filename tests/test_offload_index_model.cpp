@@ -119,7 +119,7 @@ struct Model {
       touch(st->boundary_hash.value);
     }
     loads[l.key.generation.value] = l;
-    ++s.dispatched;
+    ++s.issued;
     ++s.outstanding;
     return l.key;
   }
@@ -152,7 +152,7 @@ struct Model {
     if (l.has_state) {
       if (l.orphaned) {
         expected_releases.push_back(l.leg.slot);
-        ++s.slots_released;
+        ++s.slots_freed;
       } else {
         live_slots_freed.push_back(l.leg.slot);
       }
@@ -498,11 +498,11 @@ template <>
 struct doctest::StringMaker<IndexStats> {
   static String convert(const IndexStats& s) {
     std::ostringstream o;
-    o << "{dispatched " << s.dispatched << ", in_flight " << s.in_flight << ", completed " << s.completed << ", failed "
+    o << "{issued " << s.issued << ", in_flight " << s.in_flight << ", completed " << s.completed << ", failed "
       << s.failed << ", abandoned " << s.abandoned << ", reclaimed " << s.reclaimed << ", outstanding " << s.outstanding
       << ", orphaned " << s.orphaned << ", late " << s.late_reports << ", refused " << s.refused << ", indexed "
-      << s.indexed << ", evicted " << s.hashes_evicted << ", retracted " << s.hashes_retracted << ", dropped "
-      << s.hashes_dropped << ", released " << s.slots_released << ", release_errors " << s.slot_release_errors
+      << s.indexed << ", evicted " << s.hashes_evicted << ", retracted " << s.hashes_retracted << ", slots freed "
+      << s.slots_freed << ", slot free errors " << s.slot_free_errors
       << ", violations " << s.invariant_violations << ", saves " << s.saves_issued << "/" << s.saves_released << "/"
       << s.saves_stored << "/" << s.saves_failed << "/" << s.saves_abandoned << "/" << s.saves_outstanding << "}";
     return o.str().c_str();
@@ -532,7 +532,7 @@ TEST_CASE("model: 10^5 random operations agree with the reference model at every
   CHECK(s.outstanding == 0);
   CHECK(s.orphaned == 0);
   CHECK(s.invariant_violations == 0);
-  CHECK(s.dispatched == s.completed + s.failed + s.abandoned);
+  CHECK(s.issued == s.completed + s.failed + s.abandoned);
   CHECK(kvfuse::testing::check_consistency(run.index).ok);
   // The run exercised every path it claims to.
   CHECK(s.completed > 1000);
@@ -540,11 +540,11 @@ TEST_CASE("model: 10^5 random operations agree with the reference model at every
   CHECK(s.abandoned > 1000);
   CHECK(s.reclaimed > 50);
   CHECK(s.late_reports > 1000);
-  CHECK(s.slots_released > 100);
+  CHECK(s.slots_freed > 100);
   CHECK(s.hashes_retracted > 100);
   CHECK(s.hashes_evicted > 100);
   CHECK(s.refused > 1000);
-  MESSAGE("dispatched " << s.dispatched << ", completed " << s.completed << ", failed " << s.failed << ", abandoned "
+  MESSAGE("issued " << s.issued << ", completed " << s.completed << ", failed " << s.failed << ", abandoned "
                         << s.abandoned << ", reclaimed " << s.reclaimed << ", late " << s.late_reports << ", refused "
-                        << s.refused << ", slots released " << s.slots_released);
+                        << s.refused << ", slots released " << s.slots_freed);
 }

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <random>
 #include <set>
@@ -109,7 +110,6 @@ Reason rank_verdict(const LoadPlan& plan, const PlanInput& in) {
   if (const std::optional<TokenCount> b = state_boundary(plan)) {
     const StateSpec spec{*b, PrefixHash{2}, SlotId{0}, in.grids.block_tokens, in.grids.chunk_tokens};
     if (const Reason r = check_state_spec(spec, kv ? &*kv : nullptr, geo); r != Reason::none) return r;
-    if (in.layout == StateLayout::dsv4_slot && kv && kv->hbm != 0) return Reason::nonzero_hbm_floor;  // SlotState::load
   }
   return Reason::none;
 }
@@ -215,15 +215,19 @@ TEST_CASE("no_load nothing_servable_above_hbm when no servable boundary lies in 
   CHECK(to_string(NoLoadReason::nothing_servable_above_hbm) == "nothing_servable_above_hbm");
 }
 
-TEST_CASE("no_load dsv4_nonzero_hbm when a DSV4 joint load would start above zero") {
-  check_no_load(Case{1000, 256, 768, {400}, StateLayout::dsv4_slot}, NoLoadReason::dsv4_nonzero_hbm);
-  check_no_load(Case{1000, 48, 512, {400, 512}, StateLayout::dsv4_slot}, NoLoadReason::dsv4_nonzero_hbm);
-  // The same input is a joint load for K3 and for DSV4 from hbm 0.
-  CHECK(Case{1000, 256, 768, {400}, StateLayout::k3_recurrent}.plan() == LoadPlan{JointLoad{256, 512, 400}});
-  CHECK(Case{1000, 0, 768, {400}, StateLayout::dsv4_slot}.plan() == LoadPlan{JointLoad{0, 512, 400}});
-  // A DSV4 state-only load (no KV spec) is accepted with hbm > 0.
-  CHECK(Case{1000, 256, 768, {128, 400}, StateLayout::dsv4_slot}.plan() == LoadPlan{StateOnlyLoad{128}});
-  CHECK(to_string(NoLoadReason::dsv4_nonzero_hbm) == "dsv4_nonzero_hbm");
+TEST_CASE("R11 a DSV4 joint load starts from a nonzero HBM floor, as K3's does, and its ranks accept it") {
+  // The state at B depends only on the tokens before B, wherever their KV sits.
+  for (const StateLayout layout : {StateLayout::dsv4_slot, StateLayout::k3_recurrent}) {
+    CAPTURE(to_string(layout));
+    CHECK(Case{1000, 256, 768, {400}, layout}.plan() == LoadPlan{JointLoad{256, 512, 400}});
+    CHECK(Case{1000, 48, 512, {400, 512}, layout}.plan() == LoadPlan{JointLoad{48, 512, 512}});
+    CHECK(Case{1000, 0, 768, {400}, layout}.plan() == LoadPlan{JointLoad{0, 512, 400}});
+    // The joint load above the floor is preferred to a state-only load below it.
+    CHECK(Case{1000, 256, 768, {128, 400}, layout}.plan() == LoadPlan{JointLoad{256, 512, 400}});
+    // What the planner hands out, the ranks take (check_kv_spec and check_state_spec).
+    const Case c{1000, 48, 512, {400}, layout};
+    CHECK(rank_verdict(c.plan(), c.input()) == Reason::none);
+  }
 }
 
 TEST_CASE("no_load covering_chunk_beyond_lookup when the chunk covering every boundary is not all in the tier") {
@@ -350,9 +354,9 @@ TEST_CASE("planner table of grid and boundary edges for dense and DSV4 and K3") 
       {"k3 floor mid-chunk", {1000, 48, 512, {400}, L::k3_recurrent}, JointLoad{48, 512, 400}, {0, 2}, {3, 32}},
       {"k3 floor and B in one chunk", {1000, 272, 512, {400}, L::k3_recurrent}, JointLoad{272, 512, 400}, {1, 2},
        {17, 32}},
-      {"dsv4 floor mid-chunk refuses joint", {1000, 48, 512, {400}, L::dsv4_slot},
-       NoLoad{NoLoadReason::dsv4_nonzero_hbm}},
-      {"dsv4 floor mid-chunk state-only", {1000, 48, 512, {32, 400}, L::dsv4_slot}, StateOnlyLoad{32}},
+      {"dsv4 floor mid-chunk", {1000, 48, 512, {400}, L::dsv4_slot}, JointLoad{48, 512, 400}, {0, 2}, {3, 32}},
+      {"dsv4 floor mid-chunk: the joint load above it beats the state-only one below", {1000, 48, 512, {32, 400}, L::dsv4_slot},
+       JointLoad{48, 512, 400}, {0, 2}, {3, 32}},
       // A boundary on the checkpoint grid but not the chunk grid: the KV leg runs to the
       // chunk covering B, the request claims B.
       {"k3 B off chunk grid", {1000, 0, 512, {272}, L::k3_recurrent}, JointLoad{0, 512, 272}, {0, 2}, {0, 32}},
@@ -426,6 +430,9 @@ LoadPlan reference_plan(const PlanInput& in) {
   if (!dense && !dsv4 && in.layout != StateLayout::k3_recurrent) return NoLoad{NoLoadReason::unknown_layout};
   const TokenCount P = in.prompt_tokens, hbm = in.hbm, lookup = in.lookup_tokens;
   if (P == 0) return NoLoad{NoLoadReason::empty_prompt};
+  __extension__ typedef unsigned __int128 Wide;
+  if ((Wide{P} + chunk - 1) / chunk * chunk > std::numeric_limits<TokenCount>::max())
+    return NoLoad{NoLoadReason::prompt_too_long_for_grids};  // the last chunk's end does not fit
   if (hbm % block != 0) return NoLoad{NoLoadReason::hbm_off_block_grid};
   if (lookup % chunk != 0) return NoLoad{NoLoadReason::lookup_off_chunk_grid};
   if (lookup > P) return NoLoad{NoLoadReason::lookup_beyond_prompt};
@@ -463,12 +470,10 @@ LoadPlan reference_plan(const PlanInput& in) {
       boundary_above = true;
       TokenCount end = 0;
       while (end < b) end += chunk;  // the chunk covering b
-      if (dsv4 && hbm != 0) continue;
       if (leg_available(end)) feasible.emplace_back(JointLoad{hbm, end, b});
     }
     if (feasible.empty()) {
       if (!boundary_above) return NoLoad{NoLoadReason::nothing_servable_above_hbm};
-      if (dsv4 && hbm != 0) return NoLoad{NoLoadReason::dsv4_nonzero_hbm};
       if (!tier_above_hbm) return NoLoad{NoLoadReason::lookup_within_hbm};
       return NoLoad{NoLoadReason::covering_chunk_beyond_lookup};
     }
@@ -506,6 +511,16 @@ Case random_case(std::mt19937_64& rng) {
   c.prompt = 1 + pick(8 * chunk);
   if (chance(0.3)) c.prompt = std::max(block, c.prompt - c.prompt % block);  // last token at a boundary
   if (chance(0.003)) c.prompt = 0;
+  const TokenCount top = std::numeric_limits<TokenCount>::max();
+  if (const TokenCount spill = top % chunk; spill > 0 && chance(0.002)) {
+    // A prompt that ends in the partial cell above the last whole chunk (its covering chunk
+    // would end past 2^64 - 1), with a floor, lookup and boundaries near it.
+    c.prompt = top - pick(spill);
+    c.hbm = c.prompt - c.prompt % chunk - chunk * pick(4);
+    c.lookup = c.hbm;
+    c.servable = {c.hbm, c.hbm + block};
+    return c;
+  }
 
   if (!chance(0.4)) c.hbm = pick(c.prompt / block + 2) * block;
   if (chance(0.005)) c.hbm += 1 + pick(block);
@@ -599,4 +614,205 @@ TEST_CASE("planner agrees with a brute-force reference on 100000 random inputs")
   }
   CHECK(kinds_by_layout[0][2] == 0);
   CHECK(kinds_by_layout[0][3] == 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. The top of the token range: a prompt near 2^64 tokens, grids that do not divide 2^64.
+// Grid arithmetic that would wrap is refused (R11), never wrapped; everything below that
+// plans as it does for small prompts.
+
+namespace {
+
+// 128-bit arithmetic: room above 2^64, so the reference cannot wrap where the planner might.
+__extension__ typedef unsigned __int128 Wide;
+constexpr Wide token_max = std::numeric_limits<TokenCount>::max();
+constexpr TokenCount top = std::numeric_limits<TokenCount>::max();
+Wide wide_ceil(Wide t, Wide step) { return (t + step - 1) / step * step; }
+
+constexpr NoLoadReason too_long = NoLoadReason::prompt_too_long_for_grids;
+
+/// The planner contract in 128-bit arithmetic, for inputs of any size whose prompt is within
+/// a few chunks of its HBM floor (it walks the chunks and boundaries above hbm one by one).
+LoadPlan wide_reference_plan(const PlanInput& in) {
+  const Wide block = in.grids.block_tokens, chunk = in.grids.chunk_tokens;
+  if (block == 0 || chunk == 0 || chunk % block != 0) return NoLoad{NoLoadReason::bad_grids};
+  const bool dense = in.layout == StateLayout::none;
+  const bool dsv4 = in.layout == StateLayout::dsv4_slot;
+  if (!dense && !dsv4 && in.layout != StateLayout::k3_recurrent) return NoLoad{NoLoadReason::unknown_layout};
+  const Wide P = in.prompt_tokens, hbm = in.hbm, lookup = in.lookup_tokens;
+  if (P == 0) return NoLoad{NoLoadReason::empty_prompt};
+  if (wide_ceil(P, chunk) > token_max) return NoLoad{too_long};  // the last chunk's end does not fit
+  if (hbm % block != 0) return NoLoad{NoLoadReason::hbm_off_block_grid};
+  if (lookup % chunk != 0) return NoLoad{NoLoadReason::lookup_off_chunk_grid};
+  if (lookup > P) return NoLoad{NoLoadReason::lookup_beyond_prompt};
+
+  auto tier_holds = [&](Wide c) { return (c + 1) * chunk <= lookup; };  // chunk c: [c * chunk, (c + 1) * chunk)
+  auto leg_available = [&](Wide end) {
+    for (Wide c = hbm / chunk; c * chunk < end; ++c)
+      if (!tier_holds(c)) return false;
+    return true;
+  };
+  // The tier holds a leading run of chunks, so it holds a token at or above hbm exactly when
+  // it holds the chunk containing hbm.
+  const bool tier_above_hbm = tier_holds(hbm / chunk);
+
+  std::vector<LoadPlan> feasible;
+  bool boundary_above = false;
+  if (dense) {
+    for (Wide end = (hbm / chunk + 1) * chunk; end < P; end += chunk)
+      if (leg_available(end)) feasible.emplace_back(KvOnlyLoad{in.hbm, static_cast<TokenCount>(end)});
+    if (feasible.empty())
+      return NoLoad{tier_above_hbm ? NoLoadReason::chunk_holds_last_token : NoLoadReason::lookup_within_hbm};
+  } else {
+    std::set<TokenCount> candidates(in.servable_boundaries.begin(), in.servable_boundaries.end());
+    for (const TokenCount tb : candidates) {
+      const Wide b = tb;
+      if (b == 0 || b >= P || b % block != 0) continue;
+      if (b <= hbm) {
+        feasible.emplace_back(StateOnlyLoad{tb});
+        continue;
+      }
+      boundary_above = true;
+      const Wide end = wide_ceil(b, chunk);
+      if (leg_available(end)) feasible.emplace_back(JointLoad{in.hbm, static_cast<TokenCount>(end), tb});
+    }
+    if (feasible.empty()) {
+      if (!boundary_above) return NoLoad{NoLoadReason::nothing_servable_above_hbm};
+      if (!tier_above_hbm) return NoLoad{NoLoadReason::lookup_within_hbm};
+      return NoLoad{NoLoadReason::covering_chunk_beyond_lookup};
+    }
+  }
+  auto claim = [](const LoadPlan& p) -> TokenCount {
+    if (const auto* kv = std::get_if<KvOnlyLoad>(&p)) return kv->end;
+    if (const auto* joint = std::get_if<JointLoad>(&p)) return joint->boundary;
+    return std::get<StateOnlyLoad>(p).boundary;
+  };
+  const LoadPlan* best = &feasible.front();
+  for (const LoadPlan& p : feasible)
+    if (claim(p) > claim(*best)) best = &p;
+  const TokenCount spared = claim(*best) - (dense ? in.hbm : 0);
+  if (spared < in.min_load_tokens) return NoLoad{NoLoadReason::load_too_small};
+  return *best;
+}
+
+/// A large input: P anywhere up to 2^64 - 1 (a third of them within three chunks of the top),
+/// hbm within eight chunks below P, a lookup and boundaries around them.
+Case large_case(std::mt19937_64& rng) {
+  auto pick = [&](std::uint64_t n) { return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(rng); };
+  static constexpr std::array<PlanGrids, 8> grids{PlanGrids{8, 24},  PlanGrids{16, 48}, PlanGrids{16, 80},
+                                                  PlanGrids{24, 72}, PlanGrids{4, 12},  PlanGrids{16, 256},
+                                                  PlanGrids{1, 3},   PlanGrids{40, 120}};
+  Case c;
+  c.grids = grids[pick(grids.size())];
+  c.layout = all_layouts[pick(all_layouts.size())];
+  const std::uint64_t block = c.grids.block_tokens, chunk = c.grids.chunk_tokens;
+  const TokenCount last_chunk = top - top % chunk;  // the largest multiple of the chunk that fits
+  switch (pick(3)) {
+    case 0: c.prompt = top - pick(3 * chunk); break;               // the very top, often too long
+    case 1: c.prompt = last_chunk - pick(2 * chunk) + pick(2 * chunk); break;  // around the last whole chunk
+    default: c.prompt = std::max<TokenCount>(rng(), 16 * chunk); break;        // anywhere large
+  }
+  const TokenCount below = std::min<TokenCount>(c.prompt, 8 * chunk);
+  c.hbm = c.prompt - below + pick(below + 1);
+  c.hbm -= c.hbm % block;
+  if (pick(50) == 0) c.hbm += 1 + pick(block);  // off the block grid, now and then
+  const TokenCount lookup_floor = c.hbm > 2 * chunk ? c.hbm - 2 * chunk : 0;
+  c.lookup = lookup_floor + pick(c.prompt - lookup_floor + 1);
+  c.lookup -= c.lookup % chunk;
+  if (pick(50) == 0) c.lookup += 1 + pick(chunk - 1 + (chunk == 1));
+  const std::size_t n = pick(6);
+  for (std::size_t i = 0; i < n; ++i) {
+    const TokenCount span = c.prompt - lookup_floor + chunk;
+    TokenCount b = lookup_floor + pick(span);
+    if (b < lookup_floor) b = top;  // wrapped past the top: keep a junk entry
+    if (pick(4) != 0) b -= b % block;
+    c.servable.push_back(b);
+  }
+  if (pick(4) == 0) c.min_load = pick(3 * chunk);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("R11 a prompt whose chunk grid would run past 2^64 - 1 tokens is refused, never wrapped") {
+  for (const PlanGrids grids : {PlanGrids{8, 24}, PlanGrids{16, 48}, PlanGrids{16, 80}}) {
+    const TokenCount chunk = grids.chunk_tokens, block = grids.block_tokens;
+    const TokenCount last_chunk = top - 15;  // 2^64 = 16 (mod 24, 48, 80)
+    REQUIRE(last_chunk % chunk == 0);
+    const TokenCount hbm = last_chunk - 3 * chunk;
+    for (const StateLayout layout : all_layouts) {
+      INFO("grids ", grids.block_tokens, "/", chunk, " layout ", to_string(layout));
+      // The prompt's last chunk would end past 2^64 - 1: refused, whatever else is asked.
+      for (const TokenCount prompt : {top, top - 1, last_chunk + 1}) {
+        const Case c{prompt, hbm, last_chunk, {last_chunk, last_chunk - block, hbm - block}, layout, grids};
+        check_no_load(c, too_long);
+        const Case from_zero{prompt, 0, last_chunk, {last_chunk}, layout, grids};
+        check_no_load(from_zero, too_long);
+      }
+    }
+    // A prompt of exactly the last whole chunk plans as any other, its arithmetic exact.
+    const TokenCount P = last_chunk;
+    const Case dense{P, hbm, P, {}, StateLayout::none, grids};
+    const LoadPlan d = dense.plan();
+    CHECK(d == LoadPlan{KvOnlyLoad{hbm, P - chunk}});
+    CHECK(chunk_range(d, grids) == IndexRange{hbm / chunk, P / chunk - 1});
+    CHECK(block_range(d, grids) == IndexRange{hbm / block, (P - chunk) / block});
+    CHECK(rank_verdict(d, dense.input()) == Reason::none);
+    const Case k3{P, hbm, P, {P - block, P}, StateLayout::k3_recurrent, grids};
+    const LoadPlan j = k3.plan();
+    CHECK(j == LoadPlan{JointLoad{hbm, P, P - block}});
+    CHECK(chunk_range(j, grids) == IndexRange{hbm / chunk, P / chunk});
+    CHECK(block_range(j, grids) == IndexRange{hbm / block, P / block});
+    CHECK(rank_verdict(j, k3.input()) == Reason::none);
+    const Case state_only{P, P - chunk, 0, {P - chunk - block}, StateLayout::dsv4_slot, grids};
+    CHECK(state_only.plan() == LoadPlan{StateOnlyLoad{P - chunk - block}});
+  }
+  CHECK(to_string(NoLoadReason::prompt_too_long_for_grids) == "prompt_too_long_for_grids");
+}
+
+TEST_CASE("planner agrees with a 128-bit reference on 20000 inputs near 2^64 tokens") {
+  std::mt19937_64 rng(0x746f70ULL);  // "top"
+  constexpr int inputs = 20000;
+  std::array<int, 4> kinds{};
+  int too_long_seen = 0, mismatches = 0, rank_refusals = 0, bad_ranges = 0;
+  for (int i = 0; i < inputs; ++i) {
+    const Case c = large_case(rng);
+    const PlanInput in = c.input();
+    const LoadPlan got = plan_load(in);
+    const LoadPlan want = wide_reference_plan(in);
+    if (got != want && ++mismatches <= 10) {
+      INFO("input #", i, ": ", describe(in));
+      CHECK(got == want);
+    }
+    ++kinds[got.index()];
+    if (const auto* no = std::get_if<NoLoad>(&got)) {
+      too_long_seen += no->reason == too_long;
+      continue;
+    }
+    // The index ranges, from 128-bit arithmetic: never wrapped.
+    if (const std::optional<IndexRange> kv = kv_tokens(got)) {
+      const IndexRange tokens = *kv;
+      const Wide chunk = c.grids.chunk_tokens, block = c.grids.block_tokens;
+      const bool ok = chunk_range(got, c.grids) == IndexRange{static_cast<std::uint64_t>(tokens.first / chunk),
+                                                               static_cast<std::uint64_t>(wide_ceil(tokens.last, chunk) / chunk)} &&
+                      block_range(got, c.grids) == IndexRange{static_cast<std::uint64_t>(tokens.first / block),
+                                                               static_cast<std::uint64_t>(wide_ceil(tokens.last, block) / block)} &&
+                      tokens.first < tokens.last;
+      if (!ok && ++bad_ranges <= 10) {
+        INFO("input #", i, ": ", describe(in), " -> ", describe(got));
+        CHECK(ok);
+      }
+    }
+    if (rank_verdict(got, in) != Reason::none && ++rank_refusals <= 10) {
+      INFO("input #", i, ": ", describe(in), " -> ", describe(got));
+      CHECK(rank_verdict(got, in) == Reason::none);
+    }
+  }
+  CHECK(mismatches == 0);
+  CHECK(bad_ranges == 0);
+  CHECK(rank_refusals == 0);
+  MESSAGE("no_load ", kinds[0], " (too long ", too_long_seen, "), kv_only ", kinds[1], ", joint ", kinds[2],
+          ", state_only ", kinds[3]);
+  for (const int n : kinds) CHECK(n > 0);
+  CHECK(too_long_seen > 0);
 }

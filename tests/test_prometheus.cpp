@@ -234,7 +234,7 @@ struct Expected {
 
 IndexStats index_stats() {
   IndexStats s;
-  s.dispatched = kHuge;
+  s.issued = kHuge;
   s.in_flight = 1002;
   s.completed = 1003;
   s.failed = 1004;
@@ -247,9 +247,8 @@ IndexStats index_stats() {
   s.indexed = 1011;
   s.hashes_evicted = 1012;
   s.hashes_retracted = 1013;
-  s.hashes_dropped = 1014;
-  s.slots_released = 1015;
-  s.slot_release_errors = 1016;
+  s.slots_freed = 1015;
+  s.slot_free_errors = 1016;
   s.invariant_violations = 1017;
   s.overdue = 1018;
   s.saves_issued = 1019;
@@ -271,15 +270,21 @@ CoordinatorStats coordinator_stats() {
   s.unparked_with_tokens = 2005;
   s.transport_drops = 2006;
   s.torn_down = 2007;
-  s.released = 2008;
+  s.freed = 2008;
   s.saves_submitted = 2009;
   s.saves_skipped = 2010;
   s.waiting_now = 2011;
   s.holding_now = 2012;
   s.overdue = 2013;
   s.sources_pinned = 2014;
-  s.state_legs_released = 2015;
+  s.state_legs_waived = 2015;
   s.invariant_violations = 2016;
+  s.checkpoints_planned = 2017;
+  s.checkpoints_saved = 2018;
+  s.checkpoints_deduplicated = 2019;
+  s.progress_saves = 2020;
+  s.snapshots_returned = 2021;
+  s.snapshots_held = 2022;
   return s;
 }
 
@@ -323,6 +328,7 @@ ConnectorStats connector_stats() {
   s.loads = 7003;
   s.saves = 7004;
   s.fence_fallbacks = 7005;
+  s.staging_fallbacks = 7006;
   return s;
 }
 
@@ -369,7 +375,7 @@ DiskTierStats disk_tier_stats() {
 }
 
 RedisTierStats redis_tier_stats() {
-  return RedisTierStats{13001, 13002, 13003, 13004, 13005, 13006, 13007, 13008, 13009, 13010, 13011};
+  return RedisTierStats{13001, 13002, 13003, 13004, 13005, 13006, 13007, 13008, 13009, 13010, 13011, 13012};
 }
 
 LoopbackPd::Stats loopback_pd_stats() { return LoopbackPd::Stats{11001, 11002, 11003, 11004}; }
@@ -382,7 +388,7 @@ double seconds(std::chrono::steady_clock::duration d) { return std::chrono::dura
 std::vector<Expected> expected_samples() {
   using std::uint64_t;
   return {
-      {"kvfuse_index_dispatched_total", "", false, kHuge},
+      {"kvfuse_index_issued_total", "", false, kHuge},
       {"kvfuse_index_in_flight", "", false, uint64_t{1002}},
       {"kvfuse_index_completed_total", "", false, uint64_t{1003}},
       {"kvfuse_index_failed_total", "", false, uint64_t{1004}},
@@ -395,9 +401,8 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_index_indexed_hashes", "", false, uint64_t{1011}},
       {"kvfuse_index_hashes_evicted_total", "", false, uint64_t{1012}},
       {"kvfuse_index_hashes_retracted_total", "", false, uint64_t{1013}},
-      {"kvfuse_index_hashes_dropped_total", "", false, uint64_t{1014}},
-      {"kvfuse_index_slots_released_total", "", false, uint64_t{1015}},
-      {"kvfuse_index_slot_release_errors_total", "", false, uint64_t{1016}},
+      {"kvfuse_index_slots_freed_total", "", false, uint64_t{1015}},
+      {"kvfuse_index_slot_free_errors_total", "", false, uint64_t{1016}},
       {"kvfuse_index_invariant_violations_total", "", false, uint64_t{1017}},
       {"kvfuse_index_overdue", "", false, uint64_t{1018}},
       {"kvfuse_index_saves_issued_total", "", false, uint64_t{1019}},
@@ -415,15 +420,21 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_coordinator_unparked_with_tokens_total", "", false, uint64_t{2005}},
       {"kvfuse_coordinator_transport_drops_total", "", false, uint64_t{2006}},
       {"kvfuse_coordinator_torn_down_total", "", false, uint64_t{2007}},
-      {"kvfuse_coordinator_released_total", "", false, uint64_t{2008}},
+      {"kvfuse_coordinator_freed_total", "", false, uint64_t{2008}},
       {"kvfuse_coordinator_saves_submitted_total", "", false, uint64_t{2009}},
       {"kvfuse_coordinator_saves_skipped_total", "", false, uint64_t{2010}},
       {"kvfuse_coordinator_waiting", "", false, uint64_t{2011}},
       {"kvfuse_coordinator_holding", "", false, uint64_t{2012}},
       {"kvfuse_coordinator_overdue", "", false, uint64_t{2013}},
       {"kvfuse_coordinator_sources_pinned_total", "", false, uint64_t{2014}},
-      {"kvfuse_coordinator_state_legs_released_total", "", false, uint64_t{2015}},
+      {"kvfuse_coordinator_state_legs_waived_total", "", false, uint64_t{2015}},
       {"kvfuse_coordinator_invariant_violations_total", "", false, uint64_t{2016}},
+      {"kvfuse_coordinator_checkpoints_planned_total", "", false, uint64_t{2017}},
+      {"kvfuse_coordinator_checkpoints_saved_total", "", false, uint64_t{2018}},
+      {"kvfuse_coordinator_checkpoints_deduplicated_total", "", false, uint64_t{2019}},
+      {"kvfuse_coordinator_progress_saves_total", "", false, uint64_t{2020}},
+      {"kvfuse_coordinator_snapshots_returned_total", "", false, uint64_t{2021}},
+      {"kvfuse_coordinator_snapshots_held", "", false, uint64_t{2022}},
 
       {"kvfuse_pump_late_reports_total", "", false, uint64_t{3001}},
       {"kvfuse_pump_late_settlements_total", "", false, uint64_t{3002}},
@@ -463,6 +474,7 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_connector_loads_total", "", true, uint64_t{7003}},
       {"kvfuse_connector_saves_total", "", true, uint64_t{7004}},
       {"kvfuse_connector_fence_fallbacks_total", "", true, uint64_t{7005}},
+      {"kvfuse_connector_staging_fallbacks_total", "", true, uint64_t{7006}},
 
       {"kvfuse_save_fence_steps_total", "", true, uint64_t{8001}},
       {"kvfuse_save_fence_event_steps_total", "", true, uint64_t{8002}},
@@ -504,7 +516,8 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_tier_round_trips_total", "redis", true, uint64_t{13008}},
       {"kvfuse_tier_connects_total", "redis", true, uint64_t{13009}},
       {"kvfuse_tier_connect_failures_total", "redis", true, uint64_t{13010}},
-      {"kvfuse_tier_dropped_connections_total", "redis", true, uint64_t{13011}},
+      {"kvfuse_tier_connect_timeouts_total", "redis", true, uint64_t{13011}},
+      {"kvfuse_tier_dropped_connections_total", "redis", true, uint64_t{13012}},
 
       {"kvfuse_loopback_pd_offered_total", "", false, uint64_t{11001}},
       {"kvfuse_loopback_pd_cancelled_total", "", false, uint64_t{11002}},
@@ -551,7 +564,7 @@ TEST_CASE("prometheus: every field of every stats struct comes back exactly unde
   const std::vector<Expected> expected = expected_samples();
   std::set<std::string> expected_families;
   for (const Expected& e : expected) expected_families.insert(e.family);
-  CHECK(expected_families.size() == 115);
+  CHECK(expected_families.size() == 122);
   CHECK(parsed.families.size() == expected_families.size());
   CHECK(text.family_count() == expected_families.size());
   CHECK(text.sample_count() == expected.size());
@@ -591,7 +604,7 @@ TEST_CASE("prometheus: each family has one HELP and one TYPE before its samples 
     CHECK((family.type == "counter") == name.ends_with("_total"));
   }
   const std::map<std::string, std::string> types{
-      {"kvfuse_index_dispatched_total", "counter"},       {"kvfuse_index_in_flight", "gauge"},
+      {"kvfuse_index_issued_total", "counter"},       {"kvfuse_index_in_flight", "gauge"},
       {"kvfuse_index_indexed_hashes", "gauge"},           {"kvfuse_index_saves_outstanding", "gauge"},
       {"kvfuse_coordinator_waiting", "gauge"},            {"kvfuse_coordinator_admitted_total", "counter"},
       {"kvfuse_group_pending", "gauge"},                  {"kvfuse_group_settled_total", "counter"},
@@ -707,7 +720,7 @@ TEST_CASE("prometheus: bad label names and repeated labels and repeated series a
   CHECK(text.family_count() == families);
   text.add(pump_stats().group, {{"group", "second"}});  // a second group, labelled apart
   CHECK(text.family_count() == families);
-  CHECK(text.sample_count() == 5 + 5 + 2 * (15 + 5));  // connector, pump, two groups
+  CHECK(text.sample_count() == 6 + 5 + 2 * (15 + 5));  // connector, pump, two groups
 }
 
 TEST_CASE("prometheus: an empty exposition is empty and write matches str and the content type names version 0.0.4") {

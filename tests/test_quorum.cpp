@@ -442,22 +442,112 @@ TEST_CASE("R4 a save duplicate never counts twice and a failed phase is never ov
   CHECK(feed(q, srec(sk(1, 1), 1, SavePhase::stored), out) == MergeResult::late);
 }
 
-TEST_CASE("R4 a dead rank never counts as stored but releases its source") {
-  TpQuorum q(config(2));
+TEST_CASE("R4 a rank that died mid-save releases its source, and the save is stored if every live rank stored") {
+  TpQuorum q(config(3));
   Collect out;
-  feed_save(q, sk(1, 1), 0, out);
-  feed(q, srec(sk(2, 1), 0, SavePhase::released), out);
-  q.mark_rank_dead(1, out);
-  REQUIRE(out.stores.size() == 3);
+  feed_save(q, sk(1, 1), 0, out);  // ranks 0 and 1 stored key 1, rank 2 dies before it does
+  feed_save(q, sk(1, 1), 1, out);
+  feed(q, srec(sk(2, 1), 0, SavePhase::released), out);  // key 2: rank 0 released, nobody stored yet
+  feed_save(q, sk(3, 1), 0, out, false);                   // key 3: rank 0 failed to store
+  feed_save(q, sk(3, 1), 1, out);
+  q.mark_rank_dead(2, out);
   auto position = [&](const SaveSettlement& s) {
     return std::find(out.stores.begin(), out.stores.end(), s) - out.stores.begin();
   };
-  CHECK(position(released_phase(sk(1, 1))) < position(stored_phase(sk(1, 1), false)));
-  CHECK(position(stored_phase(sk(1, 1), false)) < 3);
-  CHECK(position(released_phase(sk(2, 1))) < 3);  // key 2 still waits for rank 0's stored report
+  const auto n = static_cast<std::ptrdiff_t>(out.stores.size());
+  CHECK(position(released_phase(sk(1, 1))) < position(stored_phase(sk(1, 1))));  // every live rank stored: indexed (DESIGN §9)
+  CHECK(position(stored_phase(sk(1, 1))) < n);
+  CHECK(position(stored_phase(sk(3, 1), false)) < n);  // a live rank's failure still fails it
+  CHECK(position(released_phase(sk(2, 1))) == n);      // key 2 still waits for rank 1's released report
+  feed(q, srec(sk(2, 1), 1, SavePhase::released), out);
+  CHECK(out.stores.back() == released_phase(sk(2, 1)));
   feed(q, srec(sk(2, 1), 0, SavePhase::stored), out);
-  REQUIRE(out.stores.size() == 4);
-  CHECK(out.stores[3] == stored_phase(sk(2, 1), false));
+  feed(q, srec(sk(2, 1), 1, SavePhase::stored), out);
+  CHECK(out.stores.back() == stored_phase(sk(2, 1)));
+  CHECK(q.stats().pending_saves == 0);
+}
+
+TEST_CASE("R4 a save no live rank stored is never stored: every rank died before storing it") {
+  TpQuorum q(config(2));
+  Collect out;
+  feed(q, srec(sk(1, 1), 0, SavePhase::released), out);
+  q.mark_rank_dead(0, out);
+  q.mark_rank_dead(1, out);
+  REQUIRE(out.stores.size() == 2);
+  CHECK(out.stores[0] == released_phase(sk(1, 1)));
+  CHECK(out.stores[1] == stored_phase(sk(1, 1), false));
+}
+
+TEST_CASE("R4 a load no rank reported settles, failed, once every rank that owed it is dead") {
+  PumpFixture f(config(3));
+  f.index.outstanding.insert(lk(1, 1));  // in flight, no record from anyone yet
+  f.index.saves.insert(sk(9, 2));        // a save in flight, likewise
+  f.index.last = Generation{2};
+  f.pump.mark_rank_dead(0);
+  f.pump.mark_rank_dead(2);
+  CHECK(f.step_loads().empty());  // rank 1 still owes both
+  CHECK(f.index.save_settlements.empty());
+  f.pump.mark_rank_dead(1);
+  const auto loads = f.step_loads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0] == Settlement{lk(1, 1), false, false});  // failed, never a miss
+  REQUIRE(f.index.save_settlements.size() == 2);
+  CHECK(f.index.save_settlements[0] == released_phase(sk(9, 2)));    // a dead rank reads nothing
+  CHECK(f.index.save_settlements[1] == stored_phase(sk(9, 2), false));  // nobody stored it
+  CHECK(f.index.outstanding.empty());
+  CHECK(f.index.saves.empty());
+}
+
+TEST_CASE("R4 a rolling restart settles the loads issued before it, and no load a returned rank still owes") {
+  PumpFixture f(config(2));
+  f.index.outstanding.insert(lk(1, 1));  // dispatched before anything went wrong; nobody reported
+  f.index.last = Generation{1};
+  f.pump.mark_rank_dead(0);
+  f.pump.mark_rank_alive(0);  // back: counts for generations 2 and later only
+  f.index.outstanding.insert(lk(2, 2));  // dispatched after rank 0 came back: rank 0 owes it
+  f.index.last = Generation{2};
+  CHECK(f.step_loads().empty());
+  f.pump.mark_rank_dead(1);
+  f.pump.mark_rank_alive(1);
+  const auto loads = f.step_loads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0] == Settlement{lk(1, 1), false, false});
+  CHECK(f.index.outstanding.contains(lk(2, 2)));
+  f.send(rec(lk(2, 2), 0));  // rank 0 reports; rank 1 stands substituted for generation 2
+  const auto later = f.step_loads();
+  REQUIRE(later.size() == 1);
+  CHECK(later[0] == Settlement{lk(2, 2), false, false});
+}
+
+TEST_CASE("R4 a load dispatched while every rank is dead settles, failed, at the next step") {
+  PumpFixture f(config(2));
+  f.pump.mark_rank_dead(0);
+  f.pump.mark_rank_dead(1);
+  f.index.outstanding.insert(lk(1, 1));
+  f.index.last = Generation{1};
+  const auto loads = f.step_loads();
+  REQUIRE(loads.size() == 1);
+  CHECK(loads[0] == Settlement{lk(1, 1), false, false});
+}
+
+TEST_CASE("R4 SingleRank: a load in flight when the only rank dies settles failed") {
+  SingleRank group(SingleRankOptions{0, 16, {}});
+  FakeIndex index;
+  SettlementPump<SingleRank, FakeIndex> pump(group, index);
+  index.outstanding.insert(lk(1, 1));
+  index.saves.insert(sk(2, 2));
+  index.last = Generation{2};
+  pump.mark_rank_dead(0);
+  const auto step = pump.step();
+  REQUIRE(index.settled.size() == 1);
+  CHECK(index.settled[0] == Settlement{lk(1, 1), false, false});
+  CHECK(step.resolutions.size() == 1);
+  REQUIRE(step.saves.size() == 2);
+  CHECK(step.saves[1] == stored_phase(sk(2, 2), false));
+  pump.mark_rank_alive(0);
+  index.outstanding.insert(lk(3, 3));
+  index.last = Generation{3};
+  CHECK(pump.step().resolutions.empty());  // the rank is back and owes it
 }
 
 TEST_CASE("R3 save records settle only for saves the index has in flight and once per phase") {
@@ -602,7 +692,7 @@ TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint lo
   CHECK(pump.step().resolutions.empty());
   CHECK(pump.stats().late_reports == 1);
   const IndexStats s = index.stats();
-  CHECK(s.dispatched == s.completed + s.failed + s.abandoned + s.outstanding);
+  CHECK(s.issued == s.completed + s.failed + s.abandoned + s.outstanding);
   CHECK(s.invariant_violations == 0);
 }
 

@@ -214,3 +214,24 @@ TEST_CASE("R4 a record is ok only when every leg it has succeeded and only a mis
   for (StateOutcome st : {StateOutcome::none, StateOutcome::restored, StateOutcome::failed, StateOutcome::refused})
     CHECK_FALSE(record_missed_state(rec(KvOutcome::failed, st)));
 }
+
+namespace sentinel_check {
+enum class Three : std::uint8_t { a, b, c };
+constexpr std::string_view to_string(Three t) noexcept {
+  switch (t) {
+    case Three::a: return "a";
+    case Three::b: return "b";
+    case Three::c: return "c";
+  }
+  return "unknown_three";
+}
+}  // namespace sentinel_check
+
+TEST_CASE("records: a last_ constant that is not the enum's last named value fails the compile-time check") {
+  using sentinel_check::Three;
+  static_assert(kvfuse::detail::is_last_named(Three::c));
+  static_assert(!kvfuse::detail::is_last_named(Three::b));  // a value was added after it and the constant not moved
+  static_assert(kvfuse::detail::is_last_named(kvfuse::last_reason));
+  CHECK(kvfuse::detail::is_last_named(Three::c));
+  CHECK_FALSE(kvfuse::detail::is_last_named(Three::b));
+}

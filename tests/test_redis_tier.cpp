@@ -4,7 +4,9 @@
 #include "redis_test_support.hpp"
 #include "tier_test_support.hpp"
 
+#include <kvfuse/testing/delay_tier.hpp>
 #include <kvfuse/tier/disk_tier.hpp>
+#include <kvfuse/tier/memory_tier.hpp>
 #include <kvfuse/tier/redis_tier.hpp>
 
 #include <sys/socket.h>
@@ -57,6 +59,9 @@ void set_raw(const RedisServer& server, const std::string& key, std::span<const 
 static_assert(Tier<RedisTier>);
 static_assert(BatchedTier<RedisTier>);
 static_assert(!BatchedTier<DiskTier>);
+// A wrapper keeps what it wraps: batched over a batched tier, not over a plain one.
+static_assert(BatchedTier<DelayTier<RedisTier>>);
+static_assert(Tier<DelayTier<MemoryTier<>>> && !BatchedTier<DelayTier<MemoryTier<>>>);
 
 TEST_CASE("redis tier: every bad option is an Error naming its value") {
   RedisTierOptions good;
@@ -247,6 +252,24 @@ TEST_CASE("redis tier: a 64-chunk batch is one round trip with hit or miss per c
   CHECK(tier.stats().connects == 1);  // one connection served every call
 }
 
+TEST_CASE("redis tier: a DelayTier over it stays batched: a 16-chunk batch is one delay and one round trip") {
+  RedisServer server;
+  DelayTier<RedisTier> tier(std::chrono::milliseconds(1), server.options());
+  std::vector<PrefixHash> hashes;
+  for (std::uint64_t i = 0; i < 16; ++i) {
+    hashes.push_back(PrefixHash{3000 + i});
+    REQUIRE(tier.put(key_of(3000 + i, 2), pattern(i, 4096)));
+  }
+  std::vector<TierView> views(16);
+  const auto before = tier.inner().stats().round_trips;
+  tier.get_batch(key_of(0, 2), hashes, views);
+  CHECK(tier.inner().stats().round_trips - before == 1);
+  for (std::uint64_t i = 0; i < 16; ++i) {
+    REQUIRE(views[i].hit());
+    CHECK(same(views[i].bytes(), pattern(i, 4096)));
+  }
+}
+
 TEST_CASE("redis tier: a foreign truncated or corrupt value is a counted miss and never served") {
   RedisServer server;
   RedisTier tier(server.options());
@@ -318,26 +341,33 @@ TEST_CASE("redis tier: entries carry the TTL of the options") {
   CHECK(server.command({"PTTL", forever.key_name(key_of(1))})->integer == -1);
 }
 
-TEST_CASE("redis tier: a paused server times out instead of hanging and a later call reconnects") {
+TEST_CASE("redis tier: a paused server times out on every call, not only the first, and a later call reconnects") {
   RedisServer server;
   RedisTierOptions o = server.options();
   o.command_timeout = 200ms;
   RedisTier tier(o);
   REQUIRE(tier.put(key_of(1), pattern(1, 1000)));
+  const RedisTierStats before = tier.stats();
   server.pause();
   const auto start = std::chrono::steady_clock::now();
-  CHECK(tier.get(key_of(1), {}).status() == GetStatus::timed_out);  // the pooled connection waited its timeout
-  // Later calls open a new connection, whose PING times out: failed (no connection), or
-  // timed_out; never a hit, never a hang.
-  auto lost = [](const TierView& v) { return v.status() == GetStatus::timed_out || v.status() == GetStatus::failed; };
+  // The pooled connection waits its timeout. Every later call opens a new connection, which
+  // the kernel accepts for the frozen server, and whose PING gets no answer: timed out too,
+  // never failed (a failure says the server refused or went away, which it did not).
+  CHECK(tier.get(key_of(1), {}).status() == GetStatus::timed_out);
   std::array<PrefixHash, 3> hashes{PrefixHash{1}, PrefixHash{2}, PrefixHash{3}};
   std::array<TierView, 3> views;
   tier.get_batch(key_of(1), hashes, views);
-  for (const TierView& v : views) CHECK(lost(v));
+  for (const TierView& v : views) CHECK(v.status() == GetStatus::timed_out);
+  CHECK(tier.get(key_of(1), {}).status() == GetStatus::timed_out);
   CHECK_FALSE(tier.put(key_of(2), pattern(2, 1000)));
+  CHECK(tier.get(key_of(2), {}).status() == GetStatus::timed_out);
   const auto waited = std::chrono::steady_clock::now() - start;
-  CHECK(waited < 3s);  // three calls, each bounded by about twice the command timeout
-  CHECK(tier.stats().timeouts >= 1);
+  CHECK(waited < 4s);  // five calls, each bounded by about twice the command timeout
+  const RedisTierStats during = tier.stats();
+  CHECK(during.timeouts - before.timeouts == 6);
+  CHECK(during.get_failures == before.get_failures);
+  CHECK(during.connect_failures == before.connect_failures);  // nothing refused a connection
+  CHECK(during.connect_timeouts - before.connect_timeouts == 4);  // one per call after the first
   server.resume();
   const TierView v = tier.get(key_of(1), {});
   REQUIRE(v.hit());
@@ -355,6 +385,7 @@ TEST_CASE("redis tier: a killed server gives failures and a restarted empty one 
   CHECK_FALSE(tier.contains(key_of(1)));
   CHECK_FALSE(tier.erase(key_of(1)));
   CHECK(tier.stats().connect_failures > 0);
+  CHECK(tier.stats().connect_timeouts == 0);  // refused, not unanswered
   server.start();  // empty: nothing survived
   CHECK(tier.get(key_of(1), {}).status() == GetStatus::miss);
   REQUIRE(tier.put(key_of(1), pattern(3, 1000)));

@@ -27,6 +27,16 @@ struct EventLog {
     std::lock_guard lock(mutex);
     return events;
   }
+  void clear() {
+    std::lock_guard lock(mutex);
+    events.clear();
+  }
+};
+
+/// Opens a gate when the scope ends, so a failed check does not leave a lane held there.
+struct OpenAtExit {
+  Gate& gate;
+  ~OpenAtExit() { gate.open(); }
 };
 
 EventLog* g_log = nullptr;  // set by each test for the runtime, tier and emitter below
@@ -124,6 +134,10 @@ class LoggingGroup {
   void mark_rank_dead(std::uint32_t rank, Sink& sink) {
     inner_.mark_rank_dead(rank, sink);
   }
+  template <class Key, SettlementSink Sink>
+  bool settle_if_unowed(const Key& key, Sink& sink) noexcept {
+    return inner_.settle_if_unowed(key, sink);
+  }
   void mark_rank_alive(std::uint32_t rank, Generation g) { inner_.mark_rank_alive(rank, g); }
   void forget(const LoadKey& key) noexcept { inner_.forget(key); }
   void set_time(std::chrono::steady_clock::time_point now) noexcept { inner_.set_time(now); }
@@ -155,19 +169,45 @@ struct OrderRank {
   using Conn = KimiK3Connector<GatedTier, GatedTier, LoggingGroup, SlowGatherRuntime>;
   std::unique_ptr<Conn> conn;
   RecordLog records;
-  OrderRank() {
+  explicit OrderRank(ConnectorOptions options = {}) {
     g_log = &log;
     rt.device_lo = pools.blocks;  // blocks and slots: two allocations; cover both
     rt.device_hi = pools.blocks + pools.geo.num_blocks * pools.geo.block_bytes();
     conn = std::make_unique<Conn>(pools.geo, rt, pools.memory(), PagedKv<GatedTier>(tier), RecurrentState<GatedTier>(tier),
-                                  group);
+                                  group, std::move(options));
   }
   ~OrderRank() {
     conn.reset();
     g_log = nullptr;
   }
   std::vector<std::string> store_lane_events() { return log.snapshot(); }
+  /// Whether the tier holds chunk c of the prompt written by write_prompt under `key`.
+  bool tier_holds_chunk(PrefixHash key, TokenCount c) {
+    const RankGeometry& g = pools.geo;
+    std::vector<std::byte> staging(g.chunk_bytes());
+    const TierView v = tier.get(TierKey{g.model, key, 1, 0, EntryKind::kv_chunk}, staging);
+    if (!v.hit() || v.bytes().size() != g.chunk_bytes()) return false;
+    for (TokenCount t = 0; t < g.chunk_tokens; ++t)
+      for (std::size_t j = 0; j < g.kv_bytes_per_token; ++j)
+        if (v.bytes()[t * g.kv_bytes_per_token + j] != kv_byte(0, c * g.chunk_tokens + t, j)) return false;
+    return true;
+  }
 };
+
+std::ptrdiff_t count_of(const std::vector<std::string>& events, const std::string& what, std::ptrdiff_t before) {
+  std::ptrdiff_t n = 0;
+  for (std::ptrdiff_t i = 0; i < before && i < static_cast<std::ptrdiff_t>(events.size()); ++i)
+    n += events[static_cast<std::size_t>(i)] == what ? 1 : 0;
+  return n;
+}
+
+/// Blocks [first, first + count) followed by [then, then + more): two runs that meet
+/// inside a chunk, so a batch's gather is more than one copy at offsets other than 0.
+std::vector<BlockId> two_runs(std::uint32_t first, std::size_t count, std::uint32_t then, std::size_t more) {
+  std::vector<BlockId> ids = block_range(first, count);
+  for (const BlockId b : block_range(then, more)) ids.push_back(b);
+  return ids;
+}
 
 }  // namespace
 
@@ -247,6 +287,69 @@ TEST_CASE("R1 early block release: a save reports released while its put is stil
   gate.open();
   REQUIRE(drain_until(rank.group, rank.records, [&] { return rank.records.stores.size() == 2; }));
   CHECK(rank.records.stores[1] == SaveRecord{key, 0, SavePhase::stored, true, Reason::none});
+}
+
+TEST_CASE("R1 early block release: a multi-chunk save reports released before its first put returns") {
+  Gate gate;  // outlives the rank: the lane may still be in a put when a check fails
+  OrderRank rank;  // default options: the save lane's staging holds 8 chunks
+  rank.tier.gate = &gate;  // every put waits here until the test opens it
+  const OpenAtExit let_puts_go{gate};
+  const RankGeometry& g = rank.pools.geo;
+  const std::vector<BlockId> blocks = two_runs(20, 6, 0, 6);  // 3 chunks of 4 blocks
+  rank.pools.write_prompt(blocks, 3 * g.chunk_tokens);
+  const SaveKey key{PrefixHash{9}, Generation{1}};
+  rank.conn->save_kv(KvSave{key, {PrefixHash{7}, PrefixHash{8}, PrefixHash{9}}, blocks});
+  REQUIRE(eventually([&] { return gate.entered.load(); }));  // the first put is in progress and held
+  // The source is free while that put is still held: released comes before any put returns.
+  REQUIRE(drain_until(rank.group, rank.records, [&] { return rank.records.stores.size() == 1; }));
+  CHECK(rank.records.stores[0] == SaveRecord{key, 0, SavePhase::released, true, Reason::none});
+  CHECK_FALSE(gate.is_open());
+  const auto events = rank.store_lane_events();
+  const auto released = first_index_of(events, "released");
+  CHECK(count_of(events, "put", released) == 0);  // released before the first put even started
+  CHECK(count_of(events, "put", static_cast<std::ptrdiff_t>(events.size())) == 1);  // held there
+  gate.open();
+  REQUIRE(drain_until(rank.group, rank.records, [&] { return rank.records.stores.size() == 2; }));
+  CHECK(rank.records.stores[1] == SaveRecord{key, 0, SavePhase::stored, true, Reason::none});
+  CHECK(rank.conn->stats().staging_fallbacks == 0);
+  CHECK(rank.tier_holds_chunk(PrefixHash{7}, 0));
+  CHECK(rank.tier_holds_chunk(PrefixHash{8}, 1));
+  CHECK(rank.tier_holds_chunk(PrefixHash{9}, 2));
+}
+
+TEST_CASE("R1 a save larger than the save lane's staging is stored whole in batches, released before its last batch's puts, and counted") {
+  OrderRank rank(ConnectorOptions{.save_staging_chunks = 2});
+  const RankGeometry& g = rank.pools.geo;
+  // 5 chunks through a 2-chunk staging: batches of 1, 2, 2.
+  const std::vector<BlockId> blocks = two_runs(40, 6, 0, 14);
+  rank.pools.write_prompt(blocks, 5 * g.chunk_tokens);
+  const std::vector<PrefixHash> keys = chunk_keys(3, 5);
+  const SaveKey key{keys.back(), Generation{1}};
+  rank.conn->save_kv(KvSave{key, keys, blocks});
+  const auto report = [&] {
+    REQUIRE(drain_until(rank.group, rank.records, [&] { return rank.records.stores.size() == 2; }));
+    return rank.records.stores;
+  }();
+  CHECK(report[0] == SaveRecord{key, 0, SavePhase::released, true, Reason::none});
+  CHECK(report[1] == SaveRecord{key, 0, SavePhase::stored, true, Reason::none});
+  CHECK(rank.conn->stats().staging_fallbacks == 1);
+  for (TokenCount c = 0; c < 5; ++c) CHECK(rank.tier_holds_chunk(keys[c], c));
+  const auto events = rank.store_lane_events();
+  const auto released = first_index_of(events, "released");
+  REQUIRE(released >= 0);
+  CHECK(count_of(events, "put", released) == 3);  // the fewest a 2-chunk staging allows: 5 - 2
+  CHECK(count_of(events, "put", static_cast<std::ptrdiff_t>(events.size())) == 5);
+  CHECK(last_index_of(events, "gather") < released);
+
+  // A save that fits is not a fallback and releases before its first put.
+  rank.log.clear();
+  rank.records.stores.clear();
+  const std::vector<PrefixHash> fits = chunk_keys(4, 2);
+  rank.conn->save_kv(KvSave{SaveKey{fits.back(), Generation{2}}, fits, block_range(40, 8)});
+  REQUIRE(drain_until(rank.group, rank.records, [&] { return rank.records.stores.size() == 2; }));
+  CHECK(rank.records.stores[1].ok);
+  CHECK(rank.conn->stats().staging_fallbacks == 1);
+  CHECK(count_of(rank.store_lane_events(), "put", first_index_of(rank.store_lane_events(), "released")) == 0);
 }
 
 namespace {

@@ -1,5 +1,6 @@
 // StagingPool (R12): one pinned buffer per lane, allocated when built, reused, and
-// exactly lanes x buffer size standing — counted by the runtime, not just reported.
+// exactly the sum of the buffers standing (lanes x buffer size when they are equal) —
+// counted by the runtime, not just reported.
 #include <doctest/doctest.h>
 
 #include <kvfuse/testing/alloc_counter.hpp>
@@ -24,7 +25,7 @@ TEST_CASE("R12 standing staging bytes equal lanes x buffer size for any lane cou
       {
         StagingPool<HostRuntime> pool(rt, lanes, bytes);
         CHECK(pool.lanes() == lanes);
-        CHECK(pool.buffer_bytes() == bytes);
+        for (std::size_t i = 0; i < lanes; ++i) CHECK(pool.buffer_bytes(i) == bytes);
         CHECK(pool.standing_bytes() == lanes * bytes);
         CHECK(rt.pinned_bytes() == lanes * bytes);  // what the runtime really handed out
         for (std::size_t i = 0; i < lanes; ++i) CHECK(pool.buffer(i).size() == bytes);
@@ -32,6 +33,41 @@ TEST_CASE("R12 standing staging bytes equal lanes x buffer size for any lane cou
       CHECK(rt.pinned_bytes() == 0);  // freed on destruction
     }
   }
+}
+
+TEST_CASE("R12 standing staging bytes equal the sum of the lanes' buffers when their sizes differ") {
+  HostRuntime rt;
+  {
+    const std::size_t sizes[] = {2048, 8 * 2048, 4096};  // load, save (a whole save), state
+    StagingPool<HostRuntime> pool(rt, sizes);
+    CHECK(pool.lanes() == 3);
+    for (std::size_t i = 0; i < 3; ++i) {
+      CHECK(pool.buffer_bytes(i) == sizes[i]);
+      CHECK(pool.buffer(i).size() == sizes[i]);
+    }
+    CHECK(pool.buffer_bytes(3) == 0);
+    CHECK(pool.standing_bytes() == 2048 + 8 * 2048 + 4096);
+    CHECK(rt.pinned_bytes() == pool.standing_bytes());  // what the runtime really handed out
+    // Lanes never share bytes.
+    for (std::size_t i = 0; i < 3; ++i)
+      for (std::size_t j = i + 1; j < 3; ++j) {
+        const auto a = pool.buffer(i), b = pool.buffer(j);
+        CHECK((a.data() + a.size() <= b.data() || b.data() + b.size() <= a.data()));
+      }
+  }
+  CHECK(rt.pinned_bytes() == 0);
+  try {
+    const std::size_t sizes[] = {64, 0, 64};
+    StagingPool<HostRuntime> pool(rt, sizes);
+    FAIL("expected an Error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("lane 1's buffer must be > 0 bytes, got 0") != std::string::npos);
+  }
+  const std::size_t overflowing[] = {SIZE_MAX / 2, SIZE_MAX / 2 + 2};
+  CHECK_THROWS_AS(StagingPool<HostRuntime>(rt, overflowing), Error);
+  CHECK_THROWS_AS(StagingPool<HostRuntime>(rt, std::span<const std::size_t>{}), Error);
+  CHECK(rt.pinned_bytes() == 0);
 }
 
 TEST_CASE("R12 buffers are reused: the same bytes on every call and no allocation after construction") {

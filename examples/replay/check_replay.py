@@ -131,6 +131,14 @@ def usage(replay, path):
         not_json = os.path.join(tmp, "not.jsonl")
         with open(not_json, "w") as out:
             out.write('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{oops\n')
+        # hash_ids holds one id per 512-token block of the prompt: 100 tokens are one block.
+        too_many_ids = os.path.join(tmp, "ids.jsonl")
+        with open(too_many_ids, "w") as out:
+            out.write('{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}\n')
+            out.write('{"timestamp": 1, "input_length": 100, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]}\n')
+        too_few_ids = os.path.join(tmp, "few.jsonl")
+        with open(too_few_ids, "w") as out:
+            out.write('{"timestamp": 0, "input_length": 1025, "output_length": 1, "hash_ids": [1, 2]}\n')
         unreadable = os.path.join(tmp, "missing.jsonl")
         json_out = os.path.join(tmp, "never.json")
         cases = [
@@ -139,8 +147,19 @@ def usage(replay, path):
             (["--trace", unreadable], "missing.jsonl"),
             (["--trace", bad_line], ":3:"),
             (["--trace", not_json], ":2:"),
+            (["--trace", too_many_ids], "ids.jsonl:2: hash_ids has 5 ids, expected 1"),
+            (["--trace", too_few_ids], "few.jsonl:1: hash_ids has 2 ids, expected 3"),
             (["--tier-capacity", "0"], "--tier-capacity"),
             (["--tier-capacity", "-5"], "-5"),
+            (["--tier-capacity", "-5MiB"], '"-5MiB"'),
+            (["--tier-capacity", "5XB"], '"5XB"'),
+            (["--tier-capacity", ""], '--tier-capacity: ""'),
+            (["--tier-capacity", "1e99"], '"1e99"'),
+            (["--tier-capacity", "1.5MiB"], '"1.5MiB"'),
+            (["--tier-capacity", "MiB"], '"MiB"'),
+            (["--tier-capacity", "99999999999999999999"], '"99999999999999999999"'),
+            (["--tier-capacity", "17179869184GiB"], '"17179869184GiB"'),
+            (["--tier-capacity", "0KiB"], '"0KiB"'),
             (["--ranks", "0"], "--ranks"),
             (["--sessions", "-1"], "-1"),
             (["--blocks", "0"], "--blocks"),

@@ -237,18 +237,16 @@ class Cluster {
  public:
   static constexpr bool stateful = Conn::has_state;
   static constexpr StateLayout layout =
-      !stateful ? StateLayout::none : Conn::ordering == StateOrdering::concurrent ? StateLayout::k3_recurrent : StateLayout::dsv4_slot;
+      Conn::layout;  // the state leg names it: the serial K3 connector plans as K3
 
   Cluster(std::string model, std::uint64_t model_id, const Workload& w, RunOptions o)
       : o_(std::move(o)),
         w_(w),
         model_id_(model_id),
         group_(TpQuorumOptions{o_.world, Conn::lane_count, 8192, 8192, 4096}),
-        index_(OffloadIndexOptions{.hash_capacity = std::size_t{1} << 18, .slot_count = stateful ? o_.num_slots : 0},
-               // An orphan's slot comes back to the pool through the coordinator's release
-               // event for its torn-down request; the index's callback is the same fact,
-               // so it is only counted here, never used to free the slot a second time.
-               [this](SlotId) { ++index_slot_releases_; }),
+        // No slot-free callback: an orphan's slot comes back to the pool through the
+        // coordinator's Release event for its torn-down admission, the one signal.
+        index_(OffloadIndexOptions{.hash_capacity = std::size_t{1} << 18, .slot_count = stateful ? o_.num_slots : 0}),
         pump_(group_, index_),
         blocks_(o_.num_blocks),
         transport_{this},
@@ -642,8 +640,8 @@ class Cluster {
     if constexpr (Composed) s = coord_.step(*multi_);
     else s = coord_.step();
     for (const Unpark& u : s.unparked) on_unpark(u);
-    for (const RequestId id : s.released) {
-      const auto it = attempts_.find(id);
+    for (const Freed& rel : s.freed) {
+      const auto it = attempts_.find(rel.request);
       if (it == attempts_.end() || (it->second.phase != Phase::finishing && it->second.phase != Phase::torn_down)) {
         ++sim_violations_;  // a release for a request that still computes, or twice
         continue;
@@ -651,7 +649,7 @@ class Cluster {
       release(it->second);
       attempts_.erase(it);
     }
-    if (s.records == 0 && s.unparked.empty() && s.released.empty() && (parked_ > 0 || waiting_for_ranks()))
+    if (s.records == 0 && s.unparked.empty() && s.freed.empty() && (parked_ > 0 || waiting_for_ranks()))
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 
@@ -873,7 +871,7 @@ class Cluster {
   std::vector<RequestId> done_now_;
   std::vector<PrefixHash> saved_, to_break_;
   std::vector<double> joint_us_, kv_only_us_, state_only_us_;
-  std::uint64_t next_id_ = 1, index_slot_releases_ = 0, sim_violations_ = 0;
+  std::uint64_t next_id_ = 1, sim_violations_ = 0;
   std::size_t parked_ = 0, ended_ = 0;
   double now_ms_ = 0;
   WallClock::time_point wall_start_ = WallClock::now();

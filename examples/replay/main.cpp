@@ -12,16 +12,22 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -89,6 +95,29 @@ ModelReport run_model(const std::string& model, std::uint64_t id, const Workload
       }
   }
   return m;
+}
+
+/// Bytes from "<digits>[unit]": no unit or B, K / KB / KiB, M / MB / MiB, G / GB / GiB,
+/// T / TB / TiB, in any case, each a power of 1024 (as the --tier-capacity help says).
+/// Returns what is wrong with `text` ("" when it is a size): no digits first, a fraction, an
+/// exponent, a sign or an unknown unit is "not a size"; more than 2^64 - 1 bytes "too large".
+std::string parse_size(const std::string& text, std::uint64_t& bytes) {
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits])) != 0) ++digits;
+  if (digits == 0) return "is not a size";
+  std::string unit = text.substr(digits);
+  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  static constexpr std::pair<std::string_view, unsigned> units[] = {
+      {"", 0},    {"b", 0},    {"k", 10},   {"kb", 10}, {"kib", 10}, {"m", 20}, {"mb", 20},
+      {"mib", 20}, {"g", 30},  {"gb", 30},  {"gib", 30}, {"t", 40},  {"tb", 40}, {"tib", 40}};
+  const auto known = std::find_if(std::begin(units), std::end(units), [&](const auto& u) { return u.first == unit; });
+  if (known == std::end(units)) return "is not a size";
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + digits, n);
+  if (ec == std::errc::result_out_of_range || n > (UINT64_MAX >> known->second)) return "is too large (say unlimited)";
+  if (ec != std::errc() || end != text.data() + digits) return "is not a size";
+  bytes = n << known->second;
+  return {};
 }
 
 int usage_error(const CLI::App& app, const std::string& message) {
@@ -194,16 +223,12 @@ int main(int argc, char** argv) {
   if (capacity == "unlimited") {
     o.memory_bytes = std::size_t{1} << 62;
   } else {
-    std::string bytes = capacity;
-    const std::string error = CLI::AsSizeValue(false)(bytes);  // "1MiB" -> "1048576" in place
-    if (!error.empty() || bytes.empty() || bytes.find_first_not_of("0123456789") != std::string::npos)
-      return usage_error(app, "--tier-capacity: \"" + capacity + "\" is not a size (say 1MiB, 65536 or unlimited)");
-    try {
-      o.memory_bytes = std::stoull(bytes);
-    } catch (const std::out_of_range&) {
-      return usage_error(app, "--tier-capacity: \"" + capacity + "\" is too large (say unlimited)");
-    }
-    if (o.memory_bytes == 0) return usage_error(app, "--tier-capacity: must be > 0, got \"" + capacity + "\"");
+    std::uint64_t bytes = 0;
+    if (const std::string error = parse_size(capacity, bytes); !error.empty())
+      return usage_error(app, "--tier-capacity: \"" + capacity + "\" " + error +
+                                  (error == "is not a size" ? " (say 1MiB, 65536 or unlimited)" : ""));
+    if (bytes == 0) return usage_error(app, "--tier-capacity: must be > 0, got \"" + capacity + "\"");
+    o.memory_bytes = bytes;
   }
   if (faults != "none") {
     std::stringstream list(faults);

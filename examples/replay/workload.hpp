@@ -79,7 +79,9 @@ inline void finish(Workload& w) {
 /// gets key f(hash_ids[i], i) when the prompt covers it whole; a chunk that holds the
 /// prompt's tail or any output token gets a key of its own (those tokens are this request's).
 /// The reuse bound follows the trace's README: the leading run of already-seen ids, in
-/// whole 512-token blocks, capped at input_length - 1. Throws InputError naming the line.
+/// whole 512-token blocks, capped at input_length - 1. Throws InputError naming the line
+/// and what was expected for a malformed line, hash_ids of another length than
+/// ceil(input_length / 512) included.
 inline Workload read_trace(const std::string& path, std::size_t limit) {
   std::ifstream in(path);
   if (!in) throw InputError("cannot open trace \"" + path + "\"");
@@ -120,6 +122,13 @@ inline Workload read_trace(const std::string& path, std::size_t limit) {
         throw InputError(path + ":" + std::to_string(line_no) + ": hash_ids holds " + id.dump() + ", not an integer >= 0");
       hash_ids.push_back(id.get<std::uint64_t>());
     }
+    // One id per 512-token block of the prompt, the partial last block included: more ids
+    // would name blocks the prompt does not have, fewer would leave blocks without a name.
+    const std::uint64_t blocks = kvfuse::TokenGrid{chunk_tokens}.cells_covering(r.prompt_tokens);
+    if (hash_ids.size() != blocks)
+      throw InputError(path + ":" + std::to_string(line_no) + ": hash_ids has " + std::to_string(hash_ids.size()) +
+                       " ids, expected " + std::to_string(blocks) + " (one per " + std::to_string(chunk_tokens) +
+                       "-token block of input_length " + std::to_string(r.prompt_tokens) + ")");
     std::uint64_t run = 0;
     while (run < hash_ids.size() && seen.contains(hash_ids[run])) ++run;
     r.reuse_bound = std::min<std::uint64_t>(run * chunk_tokens, r.prompt_tokens - 1);

@@ -19,6 +19,7 @@
 #include <kvfuse/engine/capability.hpp>
 #include <kvfuse/engine/connector_names.hpp>
 #include <kvfuse/engine/planner.hpp>
+#include <kvfuse/engine/checkpoint_policy.hpp>
 #include <kvfuse/engine/arbitration.hpp>
 #include <kvfuse/engine/coordinator_types.hpp>
 #include <kvfuse/engine/coordinator.hpp>

@@ -22,6 +22,13 @@ struct Redis : Lmcache {
   static constexpr std::string_view connector_name = "redis";  // not in the registry
 };
 using Mem = kvfuse::MemoryTier<>;
+/// A tier that answers a whole load in one call, like RedisTier (without hiredis).
+struct BatchedMem : Mem {
+  using Mem::Mem;
+  void get_batch(const kvfuse::TierKey&, std::span<const kvfuse::PrefixHash>, std::span<kvfuse::TierView>,
+                 kvfuse::BatchSink = {}) noexcept {}
+};
+static_assert(kvfuse::BatchedTier<BatchedMem>);
 }  // namespace
 
 int main() {
@@ -39,6 +46,8 @@ int main() {
   using C = kvfuse::Multi<Lmcache, Kvfuse>;  // two spellings of the offload connector (R15)
 #elif KVFUSE_CASE == 7
   using C = kvfuse::Multi<Lmcache, Redis>;  // a sub whose name the registry does not know (R15)
+#elif KVFUSE_CASE == 8
+  using C = kvfuse::TieredTier<Mem, BatchedMem>;  // a batched back would lose its one-round-trip load
 #else
   using C = kvfuse::Connector<kvfuse::PagedKv<Mem>, kvfuse::NoState, kvfuse::SingleRank>;  // the control: compiles
 #endif

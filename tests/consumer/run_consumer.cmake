@@ -1,7 +1,9 @@
 # Builds and runs a tiny consumer of kvfuse, as an engine would.
 #   MODE=find_package : install kvfuse into a temp prefix, then find_package(kvfuse CONFIG REQUIRED)
 #   MODE=subdirectory : add_subdirectory(<kvfuse source>)
-# Invoked by ctest with -DKVFUSE_SOURCE=... -DWORK=... -DMODE=...
+# Invoked by ctest with -DKVFUSE_SOURCE=... -DWORK=... -DMODE=... -DCXX_COMPILER=... (the
+# compiler the suite itself was configured with: every build here uses the same one, as
+# an engine built with another compiler than the default would).
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 
@@ -13,14 +15,19 @@ function(run)
   message("${out}")
 endfunction()
 
+if(NOT CXX_COMPILER)
+  message(FATAL_ERROR "CXX_COMPILER is not set: pass -DCXX_COMPILER=<the suite's C++ compiler>")
+endif()
+set(compiler -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+
 if(MODE STREQUAL "find_package")
-  run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE} -B ${WORK}/kvfuse-build -DKVFUSE_BUILD_TESTS=OFF
+  run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE} -B ${WORK}/kvfuse-build ${compiler} -DKVFUSE_BUILD_TESTS=OFF
       -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DKVFUSE_BUILD_LLAMA=OFF -DCMAKE_INSTALL_PREFIX=${WORK}/prefix)
   run(${CMAKE_COMMAND} --install ${WORK}/kvfuse-build)
-  run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE}/tests/consumer/find_package -B ${WORK}/consumer-build
+  run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE}/tests/consumer/find_package -B ${WORK}/consumer-build ${compiler}
       -DCMAKE_PREFIX_PATH=${WORK}/prefix)
 elseif(MODE STREQUAL "subdirectory")
-  run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE}/tests/consumer/subdirectory -B ${WORK}/consumer-build
+  run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE}/tests/consumer/subdirectory -B ${WORK}/consumer-build ${compiler}
       -DKVFUSE_SOURCE=${KVFUSE_SOURCE})
 else()
   message(FATAL_ERROR "MODE must be find_package or subdirectory, got '${MODE}'")

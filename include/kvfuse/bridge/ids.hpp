@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -95,7 +97,8 @@ using TokenCount = std::uint64_t;
 /// A grid of `step` tokens: the chunk grid (the tier stores and retrieves whole chunks) and
 /// the block/checkpoint grid (paged KV blocks; state checkpoints) are both TokenGrids.
 /// Construct with TokenGrid::make, which refuses zero. All helpers are constexpr, noexcept
-/// and thread-safe.
+/// and thread-safe, and none wraps around: at the top of TokenCount's range, where a step
+/// that does not divide 2^64 - 1 leaves a partial last cell, each says below what it does.
 struct TokenGrid {
   std::uint32_t step = 256;  ///< tokens per cell (chunk or block)
 
@@ -106,14 +109,34 @@ struct TokenGrid {
   }
   /// Largest multiple of step <= t.
   [[nodiscard]] constexpr TokenCount floor(TokenCount t) const noexcept { return t - t % step; }
-  /// Smallest multiple of step >= t.
-  [[nodiscard]] constexpr TokenCount ceil(TokenCount t) const noexcept { return floor(t + step - 1); }
+  /// The largest multiple of step a TokenCount holds (2^64 - 1 floored to the grid): the end
+  /// of the last whole cell. A t above it lies in a cell whose end does not fit.
+  [[nodiscard]] constexpr TokenCount max_aligned() const noexcept {
+    return floor(std::numeric_limits<TokenCount>::max());
+  }
+  /// Smallest multiple of step >= t, for t <= max_aligned(). Above max_aligned() no such
+  /// multiple fits in a TokenCount: ceil then saturates to TokenCount's maximum, which is off
+  /// the grid (a step that divides 2^64 - 1 leaves no t above max_aligned()), so it never
+  /// passes for a cell end; checked_ceil says so instead.
+  [[nodiscard]] constexpr TokenCount ceil(TokenCount t) const noexcept {
+    const TokenCount down = floor(t);
+    if (down == t) return t;
+    return down < max_aligned() ? down + step : std::numeric_limits<TokenCount>::max();
+  }
+  /// Smallest multiple of step >= t, or empty when it does not fit (t > max_aligned()).
+  [[nodiscard]] constexpr std::optional<TokenCount> checked_ceil(TokenCount t) const noexcept {
+    if (t > max_aligned()) return std::nullopt;
+    return ceil(t);
+  }
   /// Whether t lies on the grid.
   [[nodiscard]] constexpr bool aligned(TokenCount t) const noexcept { return t % step == 0; }
   /// Index of the cell that holds token t.
   [[nodiscard]] constexpr std::uint64_t cell_of(TokenCount t) const noexcept { return t / step; }
-  /// Number of cells needed to cover [0, t).
-  [[nodiscard]] constexpr std::uint64_t cells_covering(TokenCount t) const noexcept { return (t + step - 1) / step; }
+  /// Number of cells needed to cover [0, t), partial last cell included. Exact for every t
+  /// (it never forms t + step - 1), even where the last cell's end does not fit.
+  [[nodiscard]] constexpr std::uint64_t cells_covering(TokenCount t) const noexcept {
+    return t / step + (t % step != 0 ? 1 : 0);
+  }
   friend constexpr bool operator==(TokenGrid, TokenGrid) noexcept = default;
 };
 

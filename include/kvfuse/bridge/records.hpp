@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/detail/enum_sentinel.hpp>
 #include <kvfuse/detail/little_endian.hpp>
 
 namespace kvfuse {
@@ -44,7 +45,8 @@ enum class Reason : std::uint8_t {
   grid_mismatch = 5,          ///< boundary off the checkpoint grid, or the rank's grids differ from the engine's
   kv_end_mismatch = 6,        ///< the KV end is not the chunk covering the boundary
   entry_size_mismatch = 7,    ///< the stored entry's size does not match the slot
-  nonzero_hbm_floor = 8,      ///< a stateful DSV4 load with hbm > 0
+  nonzero_hbm_floor = 8,      ///< retired: no longer sent (DSV4 loads from any floor, DESIGN §9 2026-12-01);
+                              ///< kept so its number is never reused and an older peer's record still decodes
   sidecar_mismatch = 9,       ///< the stored entry's boundary hash or length disagrees with the spec
   leg_not_run = 10,           ///< the leg never ran (an earlier failure, or the task forgot to report it)
   exception = 11,             ///< a leg threw; the guard caught it and reported
@@ -54,7 +56,8 @@ enum class Reason : std::uint8_t {
 };
 
 /// The highest Reason value this build knows. from_bytes refuses anything above it, so a
-/// record from a newer peer is reported as corrupt rather than misread. Keep it last.
+/// record from a newer peer is reported as corrupt rather than misread. A static_assert
+/// below to_string checks that it is the last named value.
 inline constexpr Reason last_reason = Reason::source_unconfirmed;
 
 /// Short, stable name of a Reason ("kv_chunk_missing", ...), for engine logs.
@@ -79,6 +82,7 @@ constexpr std::string_view to_string(Reason r) noexcept {
   }
   return "unknown_reason";
 }
+static_assert(detail::is_last_named(last_reason), "last_reason is not the last Reason: move it to the new last value");
 
 /// Which of a save's two reports a SaveRecord is (docs/reference.md#save-path). Every save yields
 /// both, in this order, from every rank.

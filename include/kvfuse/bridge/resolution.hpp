@@ -39,7 +39,7 @@ struct LoadResolution {
   LoadKey key;
   Resolution kind = Resolution::completed;
   bool state_missed = false;  ///< failed with a genuine state miss: the hash was retracted
-  bool orphaned = false;      ///< the request was already torn down; its slot went back via the release callback
+  bool orphaned = false;      ///< the request was already torn down; its slot is free now (the index's slot-free callback, if any, was called)
   bool dispatched = false;    ///< a LoadRequest was handed out (false: the ticket was abandoned or dropped)
   friend constexpr bool operator==(const LoadResolution&, const LoadResolution&) = default;
 };

@@ -107,6 +107,8 @@ concept SettlementSink = requires(S& sink, const Settlement& load, const SaveSet
 ///   drain(visitor)                     visitor(rank, record) for every queued record; scheduler thread
 ///   merge(source_rank, record, admit, sink)   one record into the merge; scheduler thread, noexcept
 ///   mark_rank_dead(rank, sink)         stop waiting on `rank`; scheduler thread
+///   settle_if_unowed(key, sink)        settle an in-flight load or save key no live rank owes a report
+///                                      (nobody reported it, and every rank counted for it died); noexcept
 ///   mark_rank_alive(rank, generation)  count `rank` again for keys from `generation` on; scheduler thread
 ///   forget(load_key)                   drop a key the index resolved without its ranks; scheduler thread, noexcept
 ///   set_time(now)                      the time stamped on keys first seen from now on
@@ -114,15 +116,17 @@ concept SettlementSink = requires(S& sink, const Settlement& load, const SaveSet
 template <class G>
 concept CompletionGroup =
     requires { typename G::Emitter; } && RecordEmitter<typename G::Emitter> &&
-    requires(G& g, const G& cg, std::uint32_t rank, std::size_t lane, const LoadKey& load_key, const CompletionRecord& load,
-             const SaveRecord& save, detail::AdmitArchetype& admit, detail::SinkArchetype& sink,
-             detail::DrainArchetype& visitor, std::chrono::steady_clock::time_point now) {
+    requires(G& g, const G& cg, std::uint32_t rank, std::size_t lane, const LoadKey& load_key, const SaveKey& save_key,
+             const CompletionRecord& load, const SaveRecord& save, detail::AdmitArchetype& admit,
+             detail::SinkArchetype& sink, detail::DrainArchetype& visitor, std::chrono::steady_clock::time_point now) {
       { cg.world_size() } noexcept -> std::same_as<std::uint32_t>;
       { g.emitter(rank, lane) } -> std::same_as<typename G::Emitter>;
       { g.drain(visitor) } noexcept -> std::same_as<std::size_t>;
       { g.merge(rank, load, admit, sink) } noexcept -> std::same_as<MergeResult>;
       { g.merge(rank, save, admit, sink) } noexcept -> std::same_as<MergeResult>;
       g.mark_rank_dead(rank, sink);
+      { g.settle_if_unowed(load_key, sink) } noexcept -> std::same_as<bool>;
+      { g.settle_if_unowed(save_key, sink) } noexcept -> std::same_as<bool>;
       g.mark_rank_alive(rank, Generation{});
       { g.forget(load_key) } noexcept;
       { g.set_time(now) } noexcept;

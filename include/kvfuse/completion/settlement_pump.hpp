@@ -41,19 +41,24 @@ namespace kvfuse {
 ///   settle_save(const SaveSettlement&) -> bool         one phase of a save
 ///   drain_resolutions(vector&) noexcept                append the scheduler's stream; all or nothing
 ///   drain_forgotten(visitor)                           keys resolved without their ranks
+///   for_each_load_in_flight(visitor) const             every load key in flight (when a rank dies)
+///   for_each_save_in_flight(visitor) const             every save key in flight (when a rank dies)
 ///   last_issued() -> Generation                        for mark_rank_alive
 /// Everything but last_issued is called from the pump's noexcept paths: it must not throw.
 template <class I>
 concept SettlementIndex = requires(I& index, const I& cindex, const LoadKey& key, const SaveKey& save_key,
                                    const Settlement& load, const SaveSettlement& save,
                                    std::vector<LoadResolution>& resolutions,
-                                   void (*on_forgotten)(const LoadKey&) noexcept) {
+                                   void (*on_forgotten)(const LoadKey&) noexcept,
+                                   void (*on_load)(const LoadKey&) noexcept, void (*on_save)(const SaveKey&) noexcept) {
   { cindex.is_in_flight(key) } noexcept -> std::convertible_to<bool>;
   { cindex.is_save_in_flight(save_key) } noexcept -> std::convertible_to<bool>;
   { index.settle(load) } -> std::convertible_to<bool>;
   { index.settle_save(save) } -> std::convertible_to<bool>;
   { index.drain_resolutions(resolutions) } noexcept;
   index.drain_forgotten(on_forgotten);
+  cindex.for_each_load_in_flight(on_load);
+  cindex.for_each_save_in_flight(on_save);
   { cindex.last_issued() } -> std::convertible_to<Generation>;
 };
 
@@ -103,6 +108,8 @@ class SettlementPump {
     begin_output();
     ++steps_;
     forget_resolved();
+    // While every rank is dead, a key dispatched since the last sweep is owed by nobody.
+    if (world_dead_ && std::as_const(index_).last_issued() != swept_through_) settle_unowed();
     group_.set_time(now);
     Drain drain{this};
     const std::size_t n = group_.drain(drain);
@@ -118,14 +125,20 @@ class SettlementPump {
   void ingest(std::uint32_t rank, std::span<const SaveRecord> records) noexcept { ingest_batch(rank, records); }
 
   /// Declares `rank` dead (see TpQuorum::mark_rank_dead); keys it unblocks settle into the
-  /// index now and come out of the next step(). The one way to handle a dead rank: the
-  /// index's fail/fail_all are not. Throws Error naming a rank out of range; may allocate.
-  /// Scheduler thread.
+  /// index now and come out of the next step(). That includes every load and save in
+  /// flight that no live rank owes a report any more, reported by anyone or not: when the
+  /// last rank counted for a key dies, the key settles (failed; a save released and not
+  /// stored) instead of waiting forever. The one way to handle a dead rank: the index's
+  /// fail/fail_all are not. Cost: O(pending keys in the group + loads and saves in flight),
+  /// paid only here (and at a step while every rank is dead), never on a record's path.
+  /// Throws Error naming a rank out of range; may allocate. Scheduler thread.
   void mark_rank_dead(std::uint32_t rank) {
     begin_output();
     forget_resolved();
     Sink sink{this};
     group_.mark_rank_dead(rank, sink);
+    world_dead_ = group_.stats().live_ranks == 0;
+    settle_unowed();
   }
 
   /// `rank` is back: it counts for every load and save the index issues from now on; its
@@ -133,6 +146,7 @@ class SettlementPump {
   /// Error naming a rank out of range. Scheduler thread.
   void mark_rank_alive(std::uint32_t rank) {
     group_.mark_rank_alive(rank, Generation{std::as_const(index_).last_issued().value + 1});
+    world_dead_ = group_.stats().live_ranks == 0;
   }
 
   /// Counters. Scheduler thread; O(1) in keys.
@@ -196,6 +210,28 @@ class SettlementPump {
     for (const Record& r : records) drain(rank, r);
   }
 
+  // Offers every key in flight to the group's settle_if_unowed. The keys are copied out
+  // first: settling one takes it out of the index's in-flight set. If the copy cannot
+  // grow, what fit is offered and the next sweep offers the rest.
+  void settle_unowed() noexcept {
+    unowed_loads_.clear();
+    unowed_saves_.clear();
+    bool complete = true;
+    const auto keep = [&complete](auto& into, const auto& key) noexcept {
+      try {
+        into.push_back(key);
+      } catch (...) {
+        complete = false;
+      }
+    };
+    std::as_const(index_).for_each_load_in_flight([&](const LoadKey& key) noexcept { keep(unowed_loads_, key); });
+    std::as_const(index_).for_each_save_in_flight([&](const SaveKey& key) noexcept { keep(unowed_saves_, key); });
+    Sink sink{this};
+    for (const LoadKey& key : unowed_loads_) (void)group_.settle_if_unowed(key, sink);
+    for (const SaveKey& key : unowed_saves_) (void)group_.settle_if_unowed(key, sink);
+    swept_through_ = complete ? std::as_const(index_).last_issued() : Generation{};
+  }
+
   void forget_resolved() noexcept {
     forgotten_ += index_.drain_forgotten([this](const LoadKey& key) noexcept { group_.forget(key); });
   }
@@ -216,6 +252,10 @@ class SettlementPump {
   I& index_;
   std::vector<LoadResolution> resolutions_;
   std::vector<SaveSettlement> saves_;
+  std::vector<LoadKey> unowed_loads_;  // settle_unowed's copies of the keys in flight
+  std::vector<SaveKey> unowed_saves_;
+  Generation swept_through_{};         // the last generation settle_unowed offered
+  bool world_dead_ = false;            // every rank is dead: new keys are owed by nobody
   bool handed_out_ = false;
   std::uint64_t steps_ = 0;
   std::uint64_t late_settlements_ = 0;

@@ -100,12 +100,36 @@ class SingleRank {
   }
 
   /// The only rank died: its later records are dropped and counted. Nothing is pending in
-  /// this group, so nothing settles here: the engine fails its outstanding loads through
-  /// its index. Throws Error naming the rank if it is not 0. Scheduler thread.
+  /// this group, so nothing settles here; the keys in flight settle through
+  /// settle_if_unowed (SettlementPump calls it for each). Throws Error naming the rank if
+  /// it is not 0. Scheduler thread.
   template <SettlementSink Sink>
   void mark_rank_dead(std::uint32_t rank, Sink& /*sink*/) {
     check_rank(rank, "dead");
     dead_ = true;
+  }
+
+  /// Settles `key`, a load in flight, failed if the rank will never report it: it is dead,
+  /// or came back after the key was issued. Returns whether it settled. Call it only for
+  /// keys the index holds in flight (there are no tombstones here to stop a second call).
+  /// Scheduler thread; noexcept; O(1).
+  template <SettlementSink Sink>
+  bool settle_if_unowed(const LoadKey& key, Sink& sink) noexcept {
+    if (owes(key.generation)) return false;
+    ++counters_.settled;
+    sink(Settlement{key, false, false});
+    return true;
+  }
+
+  /// The same for a save: `released` ok (a dead rank reads nothing), `stored` not ok.
+  /// Scheduler thread; noexcept; O(1).
+  template <SettlementSink Sink>
+  bool settle_if_unowed(const SaveKey& key, Sink& sink) noexcept {
+    if (owes(key.generation)) return false;
+    counters_.save_settled += 2;
+    sink(SaveSettlement{key, SavePhase::released, true});
+    sink(SaveSettlement{key, SavePhase::stored, false});
+    return true;
   }
 
   /// The rank is back: its records count again for keys of generation `first_counted` or
@@ -146,6 +170,10 @@ class SingleRank {
                   "cannot mark rank " + std::to_string(rank) + " " + what + ": SingleRank has rank 0 only");
   }
 
+  // Whether the rank reports keys of generation `g`: it is alive and was already alive
+  // when they were issued.
+  [[nodiscard]] bool owes(Generation g) const noexcept { return !dead_ && !(g < counted_from_); }
+
   // Returns `settled` when the record may settle, else the reason it is dropped (counted).
   template <class Key, class Admit>
   MergeResult check(std::uint32_t source_rank, std::uint32_t rank, const Key& key, Admit& admit) noexcept {
@@ -154,7 +182,7 @@ class SingleRank {
       ++counters_.invalid_reports;
       return MergeResult::invalid;
     }
-    if (dead_ || key.generation < counted_from_) {
+    if (!owes(key.generation)) {
       ++counters_.dead_rank_reports;
       return MergeResult::dead_rank;
     }

@@ -1,16 +1,22 @@
 // kvfuse/completion/tp_quorum.hpp — the tensor-parallel group: each rank's lane queues on
 // the rank side, the failure-dominant quorum on the engine side (R3, R4, R20).
 //
-// A key settles when every rank in the world has a report in: its own record, or the
-// substitute that stands in for a rank that is dead (mark_rank_dead) or was dead when the
-// key was issued (mark_rank_alive counts a returned rank only for later generations).
+// A key is owed a report by every rank counted for it (alive when it was issued) that is
+// still alive. It settles when every rank in the world has a report in: its own record, or
+// the substitute that stands in for a rank that is dead (mark_rank_dead) or was dead when
+// the key was issued (mark_rank_alive counts a returned rank only for later generations).
+// A key no live rank owes any more settles at once, even if nobody reported it
+// (settle_if_unowed, which SettlementPump calls for every key in flight when a rank dies).
 // The merge:
-//   load:  ok           iff every rank's record is record_ok (all legs succeeded)
+//   load:  ok           iff every rank's record is record_ok (all legs succeeded); a dead
+//                       rank's substitute is a failure
 //          state_missed iff some rank reported StateOutcome::missed
 //                       (KV failure, transfer failure, refusal, `none`: never retract)
 //   save:  two phases, each settling on its own:
-//          released ok  iff every rank confirmed nothing reads the source (early block release)
-//          stored ok    iff every rank stored
+//          released ok  iff every rank confirmed nothing reads the source (early block release);
+//                       a dead rank reads nothing
+//          stored ok    iff every live rank stored, and at least one did (a rank that comes
+//                       back without the entry misses, and a genuine miss retracts, R5)
 // A second report from a rank never counts twice; it is merged failure-dominantly, so a
 // failure is never overwritten by a later success. Settled keys are tombstoned in a
 // bounded FIFO; later reports for them are late and dropped. Pending keys never expire:
@@ -163,16 +169,16 @@ class TpQuorum {
         return MergeResult::late;
       }
       e = saves_.create(r.key, now_);
-      const std::uint64_t absent = absent_for(r.key.generation);
-      if (absent != 0) {
-        e->reported = e->acc.released = absent;
-        e->acc.not_stored = true;
-      }
+      e->reported = e->acc.released = absent_for(r.key.generation);
     }
     const bool released = r.phase == SavePhase::released;
     std::uint64_t& mask = released ? e->acc.released : e->reported;
-    if (released) e->acc.not_released |= !r.ok;
-    else e->acc.not_stored |= !r.ok;
+    if (released) {
+      e->acc.not_released |= !r.ok;
+    } else {
+      e->acc.not_stored |= !r.ok;
+      e->acc.any_stored |= r.ok;
+    }
     if ((mask & bit) != 0) {
       ++counters_.duplicate_reports;
       return MergeResult::duplicate;
@@ -192,12 +198,14 @@ class TpQuorum {
 
   /// Declares rank `rank` dead: it will not report again until mark_rank_alive. From now
   /// on every key that has not heard from it gets a substitute report — load: failed (not
-  /// missed, so it retracts nothing); save: released (a dead rank reads nothing), not
-  /// stored. A key whose only missing report was this rank's settles now, into `sink`; a
-  /// key still waiting on a live rank settles (failed) when that rank reports, never
-  /// earlier, because that rank may still be writing the destination. Later records from
-  /// the rank are dropped and counted. Idempotent. Throws Error naming the rank if out of
-  /// range; may allocate (std::bad_alloc). Scheduler thread only. O(pending).
+  /// missed, so it retracts nothing); save: released (a dead rank reads nothing), and
+  /// neutral for `stored` (the save is stored if every live rank stored it). A pending key
+  /// whose only missing report was this rank's settles now, into `sink`; a key still
+  /// waiting on a live rank settles when that rank reports, never earlier, because that
+  /// rank may still be writing the destination. Keys nobody reported yet are not pending
+  /// here: settle_if_unowed settles those no live rank owes. Later records from the rank
+  /// are dropped and counted. Idempotent. Throws Error naming the rank if out of range;
+  /// may allocate (std::bad_alloc). Scheduler thread only. O(pending).
   template <SettlementSink Sink>
   void mark_rank_dead(std::uint32_t rank, Sink& sink) {
     check_rank(rank, "dead");
@@ -221,13 +229,39 @@ class TpQuorum {
                    save_scratch_);
     for (const SaveKey& key : save_scratch_) {
       auto* e = saves_.find(key);
-      if ((e->reported & bit) == 0) {
-        e->reported |= bit;
-        e->acc.not_stored = true;
-      }
+      e->reported |= bit;
       e->acc.released |= bit;
       (void)advance_save(key, *e, sink);
     }
+  }
+
+  /// Settles `key` — an in-flight load no rank reported yet — if no live rank owes it a
+  /// report any more: every rank counted for it died (at once, or one by one with each
+  /// brought back, a rolling restart). It settles failed (never missed). Returns whether
+  /// it settled; false, changing nothing, for a key some live rank still owes, a key with
+  /// reports (mark_rank_dead already substituted for it) or a settled key. Call it only for
+  /// keys the index holds in flight (SettlementPump does, after every mark_rank_dead).
+  /// Scheduler thread only; noexcept; O(1).
+  template <SettlementSink Sink>
+  bool settle_if_unowed(const LoadKey& key, Sink& sink) noexcept {
+    if (loads_.find(key) != nullptr || loads_.tombstoned(key) || absent_for(key.generation) != all_mask_) return false;
+    loads_.tombstone(key);
+    ++counters_.settled;
+    sink(Settlement{key, false, false});
+    return true;
+  }
+
+  /// The same for a save no rank reported yet: both phases settle now, `released` ok (a
+  /// dead rank reads nothing) and `stored` not ok (no rank stored it). Scheduler thread
+  /// only; noexcept; O(1).
+  template <SettlementSink Sink>
+  bool settle_if_unowed(const SaveKey& key, Sink& sink) noexcept {
+    if (saves_.find(key) != nullptr || saves_.tombstoned(key) || absent_for(key.generation) != all_mask_) return false;
+    saves_.tombstone(key);
+    counters_.save_settled += 2;
+    sink(SaveSettlement{key, SavePhase::released, true});
+    sink(SaveSettlement{key, SavePhase::stored, false});
+    return true;
   }
 
   /// Rank `rank` is back (restarted): it counts again for every load and save whose
@@ -342,7 +376,7 @@ class TpQuorum {
       settled = true;
     }
     if (e.reported == all_mask_ && e.acc.released_settled) {
-      const SaveSettlement stored{key, SavePhase::stored, !e.acc.not_stored};
+      const SaveSettlement stored{key, SavePhase::stored, e.acc.any_stored && !e.acc.not_stored};
       saves_.settle(key);
       ++counters_.save_settled;
       sink(stored);

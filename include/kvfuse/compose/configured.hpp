@@ -65,6 +65,8 @@ constexpr std::string_view to_string(TierKind k) noexcept {
   }
   return "unknown_tier";
 }
+/// Whether `k` is one of TierKind's named values (configure() refuses any other). Thread-safe.
+constexpr bool is_known(TierKind k) noexcept { return k == TierKind::memory || k == TierKind::disk; }
 
 /// The settings of one tier. Plain data.
 struct TierOptions {
@@ -123,6 +125,10 @@ inline constexpr std::uint32_t max_configured_world = 64;
 inline constexpr std::uint32_t max_configured_slots = std::uint32_t{1} << 24;
 
 inline void check_tier(const TierOptions& t, std::string_view which) {
+  if (!is_known(t.kind))
+    throw Error(ErrorCode::invalid_argument, std::string(which) + ".kind=" +
+                                                 std::to_string(static_cast<unsigned>(t.kind)) +
+                                                 " is not a TierKind (memory, disk)");
   if (t.kind == TierKind::memory && t.memory_capacity_bytes == 0)
     throw Error(ErrorCode::invalid_argument, std::string(which) + ".memory_capacity_bytes must be > 0, got 0");
   if (t.kind == TierKind::disk && t.disk_directory.empty())
@@ -135,14 +141,16 @@ inline void check_tier(const TierOptions& t, std::string_view which) {
 ///   - what state_tier_capability() refuses: an unknown connector name (unknown_connector),
 ///     two offload subs in any spellings (duplicate_offload), pipeline_parallel_size > 1
 ///     with a state tier (unsupported_parallelism), pp = 0, subs on a non-multi, a multi
-///     with no subs, a nested multi in any spelling (invalid_argument);
+///     with no subs, a nested multi in any spelling, a kv_role or layout outside its enum
+///     (invalid_argument);
 ///   - a config that hosts no offload connector: there is no composition to build
 ///     (invalid_argument, naming the connector);
 ///   - a zero grid, or chunk_tokens not a multiple of block_tokens (invalid_argument);
 ///   - world_size 0 or > 64; a stateful layout with slot_count 0 or > 2^24; layout=none
 ///     with slot_count > 0 (invalid_argument);
-///   - a memory tier of 0 bytes, a disk tier without a directory, or KV on disk with state
-///     in memory (not a compiled alternative) (invalid_argument).
+///   - a tier kind outside TierKind, a memory tier of 0 bytes, a disk tier without a
+///     directory, or KV on disk with state in memory (not a compiled alternative)
+///     (invalid_argument); the state tier's settings are checked only with a stateful layout.
 /// No I/O, no rank touched. Construction time; any thread.
 inline ConfiguredComposition configure(const DeploymentOptions& options) {
   const EngineOptions& eng = options.engine;

@@ -81,7 +81,7 @@ class Multi {
     if (!state_leg_secured) a.state = StateDisposition::none;
     else if (a.winner && a.winner == tier_sub) a.state = StateDisposition::with_tier_load;
     else if (!a.winner && tier_sub) a.state = StateDisposition::state_only;
-    else a.state = StateDisposition::released;
+    else a.state = StateDisposition::waived;
     return a;
   }
 

@@ -165,7 +165,7 @@ class PrometheusText {
   }
   /// RedisTier::stats(): the `kvfuse_tier_*` families with `tier="redis"` (hits, misses,
   /// get_failures, puts and put_failures shared with the other tiers; rejected, timeouts,
-  /// round_trips, connects, connect_failures and dropped_connections its own). Needs only
+  /// round_trips, connects, connect_failures, connect_timeouts and dropped_connections its own). Needs only
   /// <kvfuse/tier/redis_tier_stats.hpp>, not hiredis. Owner thread; allocates.
   void add(const RedisTierStats& stats, MetricLabels labels = {}) {
     add_table(labels, {"tier", "redis"}, detail::metrics::tier_prefix, detail::metrics::redis_tier_fields, stats);

@@ -4,8 +4,8 @@
 // Both come from xxHash (Debian libxxhash-dev), included in its header-only mode
 // (XXH_INLINE_ALL): every function is compiled into the caller's unit, nothing links, and the
 // library stays header-only. Chosen over FNV-1a or a table CRC because a tier get checks
-// every byte it reads: byte-at-a-time hashes run at ~1 GB/s and would dominate a page-cache
-// read or a Redis reply. XXH3 runs near memory bandwidth (SIMD stripes; ~1.5x XXH64 here),
+// every byte it reads: a byte-at-a-time hash would dominate a page-cache read or a Redis
+// reply. XXH3 runs near memory bandwidth (SIMD stripes; faster than XXH64, bench/README.md),
 // which is why version 2 uses it; XXH64 stays for reading version-1 entries. Output is the
 // same on every platform, so an entry written on one machine validates on another.
 //

@@ -4,8 +4,8 @@
 // Why not std::condition_variable: glibc's condition variable wakes its waiter into a
 // mutex it marks contended whether or not anyone else wants it, so the woken thread pays
 // a futex wake on its next unlock: a second system call on every hand-off, on the woken
-// thread, before it runs what it was woken for (seen in a `perf record` trace of the lane of a
-// one-chunk load: FUTEX_WAKE_PRIVATE on the lane's mutex 1.4 us after every wake-up).
+// thread, before it runs what it was woken for (a `perf record` trace of a lane shows the
+// FUTEX_WAKE_PRIVATE after every wake-up; bench/README.md#fixed-cost has the numbers).
 // Why not std::atomic<T>::wait: libstdc++ spins and calls sched_yield before it sleeps,
 // and its notify makes the system call whenever any thread waits on any address that
 // shares its slot in a 16-entry table.
@@ -18,6 +18,13 @@
 // waiter sees the new count and does not sleep, or the notifier sees the waiter and wakes
 // it: no wake-up is lost. wait() may return without a notify (the futex can wake
 // spuriously); callers check their condition in a loop.
+//
+// The order inside notify is the whole guarantee: bump the epoch first, then look for
+// sleepers. Swapped, a waiter that registers and enters its futex wait between the two
+// steps sleeps on the old epoch and no wake comes. That window is a few instructions wide,
+// so a test cannot hit it by chance; BasicEventCount's NotifyHook lets a test hold the
+// notifier inside it (tests/test_event_count_threads.cpp). EventCount uses NoNotifyHook,
+// an empty inline function: it compiles to nothing.
 //
 // Internal: not part of the public API. Never throws, never allocates. Any thread may
 // notify; any thread may wait.
@@ -35,16 +42,24 @@
 
 namespace kvfuse::detail {
 
+/// What notify does between bumping the epoch and looking for sleepers: nothing.
+struct NoNotifyHook {
+  static void between_steps() noexcept {}
+};
+
 /// A futex-backed event count (see the file comment). Not copyable or movable: waiters
-/// sleep on its address.
-class EventCount {
+/// sleep on its address. `NotifyHook::between_steps()` (static, noexcept) runs inside
+/// every notify, after the epoch is bumped and before sleepers are looked for: a test
+/// holds the notifier there; everything else uses EventCount (NoNotifyHook).
+template <class NotifyHook = NoNotifyHook>
+class BasicEventCount {
  public:
   /// What the caller saw before it checked its condition. Any thread; wait-free.
   using Key = std::uint32_t;
 
-  EventCount() noexcept = default;
-  EventCount(const EventCount&) = delete;
-  EventCount& operator=(const EventCount&) = delete;
+  BasicEventCount() noexcept = default;
+  BasicEventCount(const BasicEventCount&) = delete;
+  BasicEventCount& operator=(const BasicEventCount&) = delete;
 
   /// Takes a key: call before checking the condition the wait is for. Any thread; wait-free.
   [[nodiscard]] Key prepare_wait() const noexcept { return epoch_.load(std::memory_order_seq_cst); }
@@ -97,6 +112,7 @@ class EventCount {
  private:
   void notify(int waiters) noexcept {
     epoch_.fetch_add(1, std::memory_order_seq_cst);
+    NotifyHook::between_steps();
     if (sleepers_.load(std::memory_order_seq_cst) != 0) wake(waiters);
   }
 
@@ -122,5 +138,8 @@ class EventCount {
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<std::uint32_t> sleepers_{0};
 };
+
+/// The event count the library uses: no hook.
+using EventCount = BasicEventCount<>;
 
 }  // namespace kvfuse::detail

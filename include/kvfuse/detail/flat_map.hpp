@@ -1,10 +1,11 @@
 // kvfuse/detail/flat_map.hpp — kvfuse's one open-addressing hash map, and the thin names
 // its users see.
 //
-// FlatMap<K, V> is the core: linear probing, backward-shift deletion, load factor at most
-// 1/2, growth split from insertion, and a count of the slots walked. Like abseil's
-// raw_hash_set behind flat_hash_map and flat_hash_set, each user gets a thin name over it
-// that shows only what it needs:
+// FlatMap<K, V> is the core: linear probing and backward-shift deletion (the algorithm is
+// detail/linear_probe.hpp, shared with the index's LruHashSet), load factor at most 1/2,
+// growth split from insertion, and a count of the slots walked. Like abseil's raw_hash_set
+// behind flat_hash_map and flat_hash_set, each user gets a thin name over it that shows
+// only what it needs:
 //
 //   FlatMap<K, V>       the quorum's pending tables (completion/detail/quorum_table.hpp):
 //                       try_emplace / find / erase / for_each
@@ -31,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include <kvfuse/detail/linear_probe.hpp>
 #include <kvfuse/detail/npos.hpp>
 
 namespace kvfuse::detail {
@@ -105,19 +107,10 @@ class FlatMap {
 
   /// Removes `key`; returns whether it was present. Never allocates; O(1) expected; noexcept.
   bool erase(const K& key) noexcept {
-    std::size_t hole = index_of(key);
-    if (hole == capacity_) return false;
-    const std::size_t mask = capacity_ - 1;
-    // Backward shift: an entry later in the run moves into the hole unless its home lies
-    // cyclically in (hole, j], where moving it would put it before its home.
-    for (std::size_t j = (hole + 1) & mask; used_[j] != 0; j = (j + 1) & mask) {
-      const std::size_t want = Hash{}(slots_[j].key) & mask;
-      const bool home_between = hole <= j ? (hole < want && want <= j) : (hole < want || want <= j);
-      if (!home_between) {
-        slots_[hole] = slots_[j];
-        hole = j;
-      }
-    }
+    const std::size_t at = index_of(key);
+    if (at == capacity_) return false;
+    Layout layout{used_.data(), slots_.data(), capacity_};
+    const std::size_t hole = probe_erase(layout, at);
     used_[hole] = 0;
     slots_[hole] = Slot{};
     --size_;
@@ -151,16 +144,25 @@ class FlatMap {
     V value{};
   };
 
+  // The slot array as linear_probe.hpp sees it: occupancy in the byte array, home = hash &
+  // mask (the count is 0 or a power of two).
+  struct Layout {
+    const std::uint8_t* used;
+    Slot* slots;
+    std::size_t count;
+    [[nodiscard]] std::size_t slot_count() const noexcept { return count; }
+    [[nodiscard]] bool occupied(std::size_t i) const noexcept { return used[i] != 0; }
+    [[nodiscard]] std::size_t home(const K& key) const noexcept { return Hash{}(key) & (count != 0 ? count - 1 : 0); }
+    [[nodiscard]] std::size_t home_of(std::size_t i) const noexcept { return home(slots[i].key); }
+    void move(std::size_t from, std::size_t to) const noexcept { slots[to] = slots[from]; }
+  };
+
   // The slot holding `key`, or capacity_ when it is absent. An empty map probes a static
   // empty byte instead of testing for zero slots: one branch less on every lookup.
   [[nodiscard]] std::size_t index_of(const K& key) const noexcept {
     static constexpr std::uint8_t no_slots[1] = {0};
-    const std::uint8_t* used = capacity_ != 0 ? used_.data() : no_slots;
-    const std::size_t mask = capacity_ != 0 ? capacity_ - 1 : 0;
-    for (std::size_t i = Hash{}(key) & mask;; i = (i + 1) & mask) {
-      if (used[i] == 0) return capacity_;
-      if (slots_[i].key == key) return i;
-    }
+    const Layout layout{capacity_ != 0 ? used_.data() : no_slots, const_cast<Slot*>(slots_.data()), capacity_};
+    return probe_find(layout, layout.home(key), [&](std::size_t i) noexcept { return layout.slots[i].key == key; });
   }
 
   // Kept apart from reserve so its "already big enough" test stays small enough to inline.
@@ -179,8 +181,8 @@ class FlatMap {
   }
 
   static V* place(std::uint8_t* used, Slot* slots, std::size_t mask, const K& key, const V& value) noexcept {
-    std::size_t i = Hash{}(key) & mask;
-    while (used[i] != 0) i = (i + 1) & mask;
+    const Layout layout{used, slots, mask + 1};
+    const std::size_t i = probe_vacancy(layout, layout.home(key));
     used[i] = 1;
     slots[i].key = key;
     slots[i].value = value;

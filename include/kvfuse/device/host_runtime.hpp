@@ -73,9 +73,9 @@ struct HostRuntimeOptions {
   /// How long a threaded stream's thread polls for its next operation after running one,
   /// before it sleeps (a futex). 0, the default, never spins. Must be >= 0.
   /// A copy enqueued while the stream's thread still spins starts without a futex wake-up
-  /// (about 5-7 us on a 2-vCPU VM whose other vCPU is halted; bench/README.md). The cost:
-  /// every threaded stream keeps a CPU busy for up to this long after each burst of
-  /// operations. Host waits (synchronize, device_synchronize) never spin, whatever this
+  /// (costly when the stream thread's CPU has gone idle; bench/README.md says how much).
+  /// The cost: every threaded stream keeps a CPU busy for up to this long after each burst
+  /// of operations. Host waits (synchronize, device_synchronize) never spin, whatever this
   /// says (R13). Inline streams have no thread and ignore it.
   std::chrono::nanoseconds stream_spin{0};
 };
@@ -351,7 +351,8 @@ class HostRuntime {
     detail::HostEventState* state_ = nullptr;
   };
 
-  /// Builds a runtime. Throws kvfuse::Error(invalid_argument) naming a bad option.
+  /// Builds a runtime. Throws kvfuse::Error(invalid_argument) naming a bad option (a
+  /// default_mode outside HostStreamMode included).
   explicit HostRuntime(HostRuntimeOptions options = {}) {
     if (options.stream_ring_ops == 0) {
       throw Error(ErrorCode::invalid_argument, "HostRuntimeOptions::stream_ring_ops must be > 0, got 0");
@@ -363,6 +364,11 @@ class HostRuntime {
     if (options.stream_spin < std::chrono::nanoseconds{0}) {
       throw Error(ErrorCode::invalid_argument, "HostRuntimeOptions::stream_spin must be >= 0 ns, got " +
                                                    std::to_string(options.stream_spin.count()) + " ns");
+    }
+    if (!known_mode(options.default_mode)) {
+      throw Error(ErrorCode::invalid_argument, "HostRuntimeOptions::default_mode=" +
+                                                   std::to_string(static_cast<unsigned>(options.default_mode)) +
+                                                   " is not a HostStreamMode (threaded, inline_calls)");
     }
     shared_ = std::make_unique<detail::HostRuntimeShared>();
     shared_->options = options;
@@ -384,8 +390,13 @@ class HostRuntime {
   /// A new stream in the default mode (options().default_mode). Starts a thread for a
   /// threaded stream. Throws Error(device_failure) if the thread cannot start.
   [[nodiscard]] Stream make_stream() { return make_stream(shared().options.default_mode); }
-  /// A new stream in `mode`.
+  /// A new stream in `mode`. Throws Error(invalid_argument) naming the value for a mode
+  /// that is none of HostStreamMode's, and Error(device_failure) as make_stream() does.
   [[nodiscard]] Stream make_stream(HostStreamMode mode) {
+    if (!known_mode(mode))
+      throw Error(ErrorCode::invalid_argument, "HostRuntime::make_stream: stream mode " +
+                                                   std::to_string(static_cast<unsigned>(mode)) +
+                                                   " is not a HostStreamMode (threaded, inline_calls)");
     Stream stream;
     try {
       stream.state_ = std::make_unique<detail::HostStreamState>(shared(), mode);
@@ -515,6 +526,9 @@ class HostRuntime {
   [[nodiscard]] const HostRuntimeOptions& options() const noexcept { return shared_->options; }
 
  private:
+  static constexpr bool known_mode(HostStreamMode m) noexcept {
+    return m == HostStreamMode::threaded || m == HostStreamMode::inline_calls;
+  }
   detail::HostRuntimeShared& shared() {
     if (!shared_) throw Error(ErrorCode::invalid_argument, "HostRuntime used after being moved from");
     return *shared_;

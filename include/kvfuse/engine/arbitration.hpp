@@ -61,7 +61,7 @@ enum class StateDisposition : std::uint8_t {
   none,            ///< no state leg was secured
   with_tier_load,  ///< the offload sub won the KV load: the state leg travels with it (a joint load)
   state_only,      ///< no sub owns KV: the state leg runs alone, through the offload sub
-  released,        ///< a P/D sub won the KV load: the state load is never dispatched (never a
+  waived,          ///< a P/D sub won the KV load: the state load is never dispatched (never a
                    ///< miss, R7), the boundary is disowned, the request recomputes
 };
 

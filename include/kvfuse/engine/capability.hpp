@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include <kvfuse/bridge/state_layout.hpp>
 #include <kvfuse/engine/connector_names.hpp>
 #include <kvfuse/error.hpp>
 
@@ -28,13 +29,6 @@ enum class KvRole : std::uint8_t {
   both,      ///< stores and loads
 };
 
-/// What per-request state the model carries next to its paged KV.
-enum class StateLayout : std::uint8_t {
-  none,          ///< a dense model: no state tier
-  dsv4_slot,     ///< DeepSeek-V4 slot state
-  k3_recurrent,  ///< Kimi-K3 recurrent state
-};
-
 /// Stable names, for messages. Thread-safe, noexcept.
 constexpr std::string_view to_string(KvRole r) noexcept {
   switch (r) {
@@ -44,13 +38,12 @@ constexpr std::string_view to_string(KvRole r) noexcept {
   }
   return "unknown_role";
 }
-constexpr std::string_view to_string(StateLayout l) noexcept {
-  switch (l) {
-    case StateLayout::none: return "none";
-    case StateLayout::dsv4_slot: return "dsv4_slot";
-    case StateLayout::k3_recurrent: return "k3_recurrent";
-  }
-  return "unknown_layout";
+
+/// Whether `r` is one of the enum's named values, as is_known(StateLayout) (bridge/) for
+/// layouts: a value cast from an out-of-range integer is refused by every configuration
+/// check. Thread-safe, noexcept.
+constexpr bool is_known(KvRole r) noexcept {
+  return r == KvRole::producer || r == KvRole::consumer || r == KvRole::both;
 }
 
 /// One sub-connector of a configured multi. `kv_role` empty: the multi's role applies.
@@ -70,11 +63,11 @@ struct EngineOptions {
 
 /// The one answer to "what may this engine do with the offload tier".
 struct Capability {
-  bool can_save = false;     ///< the state tier exists and this role stores state into it
-  bool can_load = false;      ///< the state tier exists and this role loads state from it
+  bool state_can_save = false;///< the state tier exists and this role stores state into it
+  bool state_can_load = false;///< the state tier exists and this role loads state from it
   bool kv_can_save = false;  ///< an offload connector is configured and this role stores KV
   bool kv_can_load = false;   ///< an offload connector is configured and this role loads KV
-  /// Why the state tier is off or one-sided (empty when can_save && can_load). Names the
+  /// Why the state tier is off or one-sided (empty when state_can_save && state_can_load). Names the
   /// deciding config value.
   std::string reason;
   friend bool operator==(const Capability&, const Capability&) = default;
@@ -116,7 +109,22 @@ inline OffloadPresence find_offload(const EngineOptions& cfg) {
   return p;
 }
 
+// Refuses an enum field outside its enum, naming the field and the value as a number.
+inline void check_enums(const EngineOptions& cfg) {
+  auto refuse = [](const std::string& what) { throw Error(ErrorCode::invalid_argument, what); };
+  const std::string roles = " is not a KvRole (producer, consumer, both)";
+  if (!is_known(cfg.kv_role)) refuse("kv_role=" + std::to_string(static_cast<unsigned>(cfg.kv_role)) + roles);
+  if (!is_known(cfg.layout))
+    refuse("layout=" + std::to_string(static_cast<unsigned>(cfg.layout)) +
+           " is not a StateLayout (none, dsv4_slot, k3_recurrent)");
+  for (std::size_t i = 0; i < cfg.subs.size(); ++i)
+    if (cfg.subs[i].kv_role && !is_known(*cfg.subs[i].kv_role))
+      refuse("subs[" + std::to_string(i) + "].kv_role=" + std::to_string(static_cast<unsigned>(*cfg.subs[i].kv_role)) +
+             " of sub-connector '" + cfg.subs[i].name + "'" + roles);
+}
+
 inline Capability capability_impl(const EngineOptions& cfg) {
+  check_enums(cfg);
   if (cfg.pipeline_parallel_size == 0)
     throw Error(ErrorCode::invalid_argument, "pipeline_parallel_size must be >= 1, got 0");
   const OffloadPresence p = find_offload(cfg);
@@ -137,11 +145,11 @@ inline Capability capability_impl(const EngineOptions& cfg) {
                     std::string(to_string(cfg.layout)) +
                     ": the state tier is unsupported under pipeline parallelism; use pipeline_parallel_size=1 "
                     "or layout=none");
-  cap.can_save = cap.kv_can_save;
-  cap.can_load = cap.kv_can_load;
-  if (!cap.can_load || !cap.can_save)
+  cap.state_can_save = cap.kv_can_save;
+  cap.state_can_load = cap.kv_can_load;
+  if (!cap.state_can_load || !cap.state_can_save)
     cap.reason = "kv_role=" + std::string(to_string(p.role)) + " of " + p.where + ": state " +
-                 (cap.can_load ? "loads only" : "stores only");
+                 (cap.state_can_load ? "loads only" : "stores only");
   return cap;
 }
 }  // namespace detail
@@ -153,7 +161,8 @@ inline Capability capability_impl(const EngineOptions& cfg) {
 /// Error(unsupported_parallelism) naming both values; a config that would host no state
 /// tier (a dense layout, no offload connector) answers under any pp. Throws Error for a
 /// malformed config too: unknown_connector, duplicate_offload, or invalid_argument (pp = 0,
-/// subs on a non-multi, a multi with no subs or a nested multi). No I/O. Thread-safe.
+/// subs on a non-multi, a multi with no subs or a nested multi, a kv_role or layout that is
+/// none of its enum's values, naming the field and the number). No I/O. Thread-safe.
 inline Capability state_tier_capability(const EngineOptions& cfg) { return detail::capability_impl(cfg); }
 
 /// The engine-construction check, run before any rank exists: throws exactly what

@@ -120,7 +120,8 @@ constexpr std::optional<ConnectorInfo> find_connector(std::string_view name) noe
   return std::nullopt;
 }
 
-/// "offload, multi, mooncake, nixl, p2p_nccl, moriio" — for error messages. Thread-safe.
+/// "offload, multi, mooncake, nixl, p2p_nccl, moriio, loopback_pd" (every canonical name, in
+/// registry order) — for error messages. Thread-safe.
 inline std::string known_connector_names() {
   std::string out;
   for (const ConnectorInfo& c : known_connectors) {

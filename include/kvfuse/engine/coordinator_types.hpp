@@ -12,11 +12,13 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include <kvfuse/bridge/ids.hpp>
 #include <kvfuse/bridge/load_request.hpp>
 #include <kvfuse/bridge/resolution.hpp>
 #include <kvfuse/bridge/save_request.hpp>
+#include <kvfuse/engine/checkpoint_policy.hpp>
 #include <kvfuse/engine/planner.hpp>
 #include <kvfuse/engine/tickets.hpp>
 
@@ -63,8 +65,9 @@ struct AdmitRequest {
   std::optional<SlotId> slot;               ///< the request's state slot (stateful models)
 };
 
-/// What the engine tells the coordinator when a request finished (or at any point it
-/// wants its progress saved). Spans are read during the call only.
+/// What the engine tells the coordinator when a request finished: finish() saves what it
+/// computed and ends its admission, so its blocks and slot come back as a Freed once no
+/// rank reads them. Spans are read during the call only.
 struct FinishRequest {
   RequestId id;
   TokenCount computed_tokens = 0;           ///< the frontier: KV exists for [0, computed_tokens)
@@ -97,22 +100,87 @@ constexpr std::string_view to_string(ComputeReason r) noexcept {
   return "unknown_reason";
 }
 
+/// One admission of a request: admit() starts one, finish() or teardown() ends it. A request
+/// keeps its RequestId across preemption and re-admission; each admission holds its own
+/// block table and slot, so each is freed on its own, exactly once, under its own id.
+/// Ids are issued by the Coordinator, from 1, never reused while it lives.
+struct AdmissionId {
+  std::uint64_t value = 0;
+  friend constexpr auto operator<=>(AdmissionId, AdmissionId) noexcept = default;
+};
+
+/// A Freed event: no rank reads or writes the blocks and slot this admission of this
+/// request held any more (its load ended, its saves' sources were released): the engine
+/// frees them. The only signal an engine under a Coordinator listens to for that.
+struct Freed {
+  RequestId request;
+  AdmissionId admission;
+  friend constexpr bool operator==(const Freed&, const Freed&) = default;
+};
+
 /// The answer of admit(): parked on a load, or compute now.
 struct AdmitDecision {
   bool parked = false;
+  AdmissionId admission{};                ///< the admission this call started (or the parked one: already_parked)
   LoadPlan plan = NoLoad{};
+  /// Stateful models: the boundaries at which the engine should stop this request's
+  /// prefill and hand the state to checkpoint() (the coordinator's CheckpointPolicy over
+  /// this admission: ascending, in (resume, P - 1]); empty for a dense model.
+  std::vector<TokenCount> checkpoints;
   LoadKey key{};                          ///< the load it waits on (parked only)
   TokenCount claimed_tokens = 0;          ///< what the load gives back if it completes (parked only)
   ComputeReason reason = ComputeReason::planned_no_load;  ///< why not (compute only)
   NoLoadReason no_load = NoLoadReason::lookup_within_hbm; ///< planned_no_load only
   LoadRefusal refusal = LoadRefusal::none;                ///< index_refused only
   std::optional<std::size_t> sub;  ///< admitted through a composition: the sub that owns the KV load
-  bool state_released = false;     ///< a P/D sub won: the servable state leg was released (R16)
+  bool state_waived = false;     ///< a P/D sub won: the servable state leg was waived (R16)
+};
+
+/// What Coordinator::plan() answers: the plan admit() would make for the same request
+/// now, without its side effects (no ticket, no admission, no watermark, no LRU touch).
+struct AdmissionPlan {
+  LoadPlan load = NoLoad{};
+  TokenCount lookup_tokens = 0;          ///< the tier's answer, in whole chunks within P
+  TokenCount claimed_tokens = 0;         ///< what the load gives back if it completes (0 for NoLoad)
+  std::vector<TokenCount> checkpoints;   ///< where the prefill stops to capture state (stateful models)
+};
+
+/// What checkpoint() did with a state the engine captured into a snapshot slot.
+enum class CheckpointResult : std::uint8_t {
+  saved,            ///< a StateSave went to every rank: the snapshot slot comes back in a step's `snapshots`
+  already_indexed,  ///< the index already serves this hash, or a save of it is in flight: nothing sent (counted)
+  not_stateful,     ///< the model has no state: nothing sent
+  refused,          ///< the index could not record the save (out of memory): nothing sent
+  dropped,          ///< the transport dropped it before any rank saw it: nothing read the slot
+};
+
+/// Short, stable name of a CheckpointResult. Thread-safe, noexcept.
+constexpr std::string_view to_string(CheckpointResult r) noexcept {
+  switch (r) {
+    case CheckpointResult::saved: return "saved";
+    case CheckpointResult::already_indexed: return "already_indexed";
+    case CheckpointResult::not_stateful: return "not_stateful";
+    case CheckpointResult::refused: return "refused";
+    case CheckpointResult::dropped: return "dropped";
+  }
+  return "unknown_checkpoint_result";
+}
+
+/// A progress save of a running request: the KV chunks computed so far and, optionally, a
+/// state checkpoint the engine copied into a snapshot slot. The admission goes on; its
+/// blocks are only read. Spans are read during the call only.
+struct ProgressSave {
+  RequestId id;
+  TokenCount computed_tokens = 0;          ///< the frontier: KV exists for [0, computed_tokens)
+  std::span<const PrefixHash> chunk_keys;  ///< as in AdmitRequest, covering at least the frontier
+  std::span<const BlockId> blocks;         ///< as in AdmitRequest
+  std::optional<Checkpoint> checkpoint;    ///< the state to save, held in `snapshot`
+  std::optional<SlotId> snapshot;
 };
 
 /// One request the scheduler resumes. `tokens` = what the load restored (the request
 /// continues from there); 0 = recompute from the start (the load failed, was abandoned, or
-/// the state leg was released).
+/// the state leg was waived).
 struct Unpark {
   RequestId request;
   TokenCount tokens = 0;
@@ -128,6 +196,9 @@ struct CoordinatorOptions {
   PlanGrids grids;                          ///< must match every rank's geometry
   TokenCount min_load_tokens = 0;           ///< passed to the planner
   std::size_t expected_requests = 1024;     ///< sizes the tables so steady state never rehashes
+  /// Where stateful requests capture state checkpoints (AdmitDecision::checkpoints); the
+  /// default places them at branch points, the prompt's end and every 8 chunks, at most 4.
+  CheckpointPolicy checkpoints{};
 };
 
 /// Counters and gauges of a Coordinator, read in O(1).
@@ -139,15 +210,26 @@ struct CoordinatorStats {
   std::uint64_t unparked_with_tokens = 0;  ///< ... of which resumed from a load
   std::uint64_t transport_drops = 0;   ///< loads and saves the transport dropped (resolved here)
   std::uint64_t torn_down = 0;         ///< teardown() of a parked request
-  std::uint64_t released = 0;          ///< release events handed out (blocks and slot free)
+  std::uint64_t freed = 0;             ///< Freed events handed out (one per admission: blocks and slot free)
   std::uint64_t saves_submitted = 0;   ///< KV and state saves sent
   std::uint64_t saves_skipped = 0;     ///< finish() that saved nothing: a load or a save in flight, or nothing new
   std::uint64_t waiting_now = 0;       ///< parked requests now
-  std::uint64_t holding_now = 0;       ///< requests whose resources wait for their ranks now
+  std::uint64_t holding_now = 0;       ///< torn-down admissions whose load or transfer may still write their resources now
   std::uint64_t overdue = 0;           ///< loads the last tick() found in flight past the threshold
-  std::uint64_t sources_pinned = 0;    ///< saves whose source some rank could not confirm free: kept pinned, never released
-  std::uint64_t state_legs_released = 0;  ///< admissions where a P/D sub won and a servable state leg was released (R16)
+  std::uint64_t sources_pinned = 0;    ///< saves whose source some rank could not confirm free: kept pinned, never freed
+  std::uint64_t state_legs_waived = 0;  ///< admissions where a P/D sub won and a servable state leg was waived (R16)
+  std::uint64_t checkpoints_planned = 0;      ///< prefill checkpoints handed out in AdmitDecision::checkpoints
+  std::uint64_t checkpoints_saved = 0;        ///< state checkpoints sent to the ranks (mid-prefill, progress and finish)
+  std::uint64_t checkpoints_deduplicated = 0; ///< checkpoints not sent: the index already served the hash or a save of it was in flight
+  std::uint64_t progress_saves = 0;           ///< save_progress calls that sent something
+  std::uint64_t snapshots_returned = 0;       ///< snapshot slots handed back in a step's `snapshots`
+  std::uint64_t snapshots_held = 0;           ///< snapshot slots some rank may still read now (gauge)
   std::uint64_t invariant_violations = 0;  ///< stats() audits that failed, plus double unparks
 };
 
 }  // namespace kvfuse
+
+template <>
+struct std::hash<kvfuse::AdmissionId> {
+  std::size_t operator()(kvfuse::AdmissionId v) const noexcept { return kvfuse::detail::mix64(v.value); }
+};

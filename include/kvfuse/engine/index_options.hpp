@@ -1,5 +1,5 @@
 // kvfuse/engine/index_options.hpp — what an OffloadIndex is built with: its clock policy,
-// its options, and the slot-release callback; and what it reports: IndexStats.
+// its options, and the slot-free callback; and what it reports: IndexStats.
 //
 // Threading: plain data and pure functions; thread-safe.
 #pragma once
@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string_view>
 
 #include <kvfuse/bridge/ids.hpp>
 #include <kvfuse/engine/capability.hpp>
@@ -28,6 +29,23 @@ concept IndexClock = requires {
   { C::duration::zero() } -> std::convertible_to<typename C::duration>;
 };
 
+/// Which indexed state hash goes when the index is at its cap.
+enum class HashEviction : std::uint8_t {
+  lru,            ///< the least recently used
+  spared_tokens,  ///< the lightest of the 8 least recently used: the checkpoint that spares the fewest
+                  ///< tokens of prefill (its boundary) goes first; every state entry of a model has the
+                  ///< same size, so this is Marconi's tokens-spared-per-byte order (docs/reference.md)
+};
+
+/// Stable name of a HashEviction ("lru", "spared_tokens"). Thread-safe, noexcept.
+constexpr std::string_view to_string(HashEviction e) noexcept {
+  switch (e) {
+    case HashEviction::lru: return "lru";
+    case HashEviction::spared_tokens: return "spared_tokens";
+  }
+  return "unknown_hash_eviction";
+}
+
 /// Construction options of OffloadIndex. See index_options_for() to derive them from a
 /// Capability.
 struct OffloadIndexOptions {
@@ -38,11 +56,13 @@ struct OffloadIndexOptions {
   /// At most 2^24 (the index keeps one word per slot); 0 means no state legs at all.
   std::uint32_t slot_count = 0;
   /// False: this role never loads; every request_load is refused with role_cannot_load.
-  bool can_load = true;
+  bool role_loads = true;
   /// False: there is no state tier; a load with a state leg is refused with no_state_tier.
   bool state_tier = true;
   /// Allocate the whole hash table at construction, so note_stored never allocates.
   bool preallocate_hashes = false;
+  /// Which hash goes at the cap; an out-of-range value is refused at construction.
+  HashEviction hash_eviction = HashEviction::lru;
   /// The last generation an earlier incarnation issued: generations continue after it.
   Generation last_issued{};
 };
@@ -52,16 +72,16 @@ struct OffloadIndexOptions {
 inline OffloadIndexOptions index_options_for(const Capability& cap, std::uint32_t slot_count) {
   OffloadIndexOptions o;
   o.slot_count = slot_count;
-  o.can_load = cap.kv_can_load;
-  o.state_tier = cap.can_load;
+  o.role_loads = cap.kv_can_load;
+  o.state_tier = cap.state_can_load;
   return o;
 }
 
 /// Returns a torn-down request's slot to the engine's allocator. OffloadIndex calls it
 /// exactly once per orphaned state-leg load, on the scheduler thread, after its own state
 /// is updated. It must not call back into the index. It should not throw: an exception is
-/// caught, counted in IndexStats::slot_release_errors, and the slot counts as released.
-using SlotRelease = std::function<void(SlotId)>;
+/// caught, counted in IndexStats::slot_free_errors, and the slot counts as released.
+using SlotFree = std::function<void(SlotId)>;
 
 /// One load reported by OffloadIndex::report_overdue: in flight for at least the threshold.
 struct OverdueLoad {
@@ -72,13 +92,13 @@ struct OverdueLoad {
 
 /// Every counter of the index, read in O(1) by OffloadIndex::stats().
 ///
-/// Identities audited on every read: dispatched == completed + failed + abandoned +
+/// Identities audited on every read: issued == completed + failed + abandoned +
 /// outstanding; reclaimed <= abandoned; outstanding == entries in the key table;
 /// in_flight == length of the dispatch-ordered list; indexed == hashes in the buckets ==
 /// LRU length; orphaned == orphan list length; saves_issued == saves_stored +
 /// saves_failed + saves_abandoned + saves_outstanding.
 struct IndexStats {
-  std::uint64_t dispatched = 0;    ///< admissions (tickets issued), counted at request_load
+  std::uint64_t issued = 0;        ///< load tickets issued by request_load (admissions)
   std::uint64_t in_flight = 0;     ///< outstanding loads whose ticket was dispatched
   std::uint64_t completed = 0;
   std::uint64_t failed = 0;
@@ -91,9 +111,8 @@ struct IndexStats {
   std::uint64_t indexed = 0;       ///< state hashes currently indexed
   std::uint64_t hashes_evicted = 0;    ///< evicted by the LRU cap
   std::uint64_t hashes_retracted = 0;  ///< forgotten because a load reported a genuine miss
-  std::uint64_t hashes_dropped = 0;    ///< not indexed for lack of memory
-  std::uint64_t slots_released = 0;    ///< orphan slots returned through the release callback
-  std::uint64_t slot_release_errors = 0;  ///< release callbacks that threw
+  std::uint64_t slots_freed = 0;    ///< orphan slots let go (through the slot-free callback, when the index has one)
+  std::uint64_t slot_free_errors = 0;  ///< slot-free callbacks that threw
   std::uint64_t invariant_violations = 0;  ///< stats() reads whose audit failed
   std::uint64_t overdue = 0;           ///< loads the last report_overdue() found in flight past its threshold
   std::uint64_t saves_issued = 0;      ///< save tickets issued by request_save

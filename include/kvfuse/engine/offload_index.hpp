@@ -84,19 +84,31 @@ class OffloadIndex final : private detail::TicketSink {
   using time_point = typename Clock::time_point;
   using duration = typename Clock::duration;
 
-  /// Builds an empty index. `release` returns orphans' slots to the engine's allocator.
-  /// Throws Error(invalid_argument) naming the value when hash_capacity is 0 or above 2^31,
-  /// slot_count is above 2^24, or `release` is empty. Any thread may construct it; from
-  /// then on only the scheduler thread uses it. Destroying it releases no slot (the
-  /// engine is going away) and requires every ticket it issued to be gone.
-  OffloadIndex(OffloadIndexOptions options, SlotRelease release)
-      : options_(validated(options)),
-        release_(std::move(release)),
-        hashes_(options_.hash_capacity, options_.preallocate_hashes),
-        generations_(options_.last_issued),
-        slot_owner_(options_.slot_count, detail::npos32) {
-    if (!release_) throw Error(ErrorCode::invalid_argument, "OffloadIndex needs a slot-release callback, got an empty one");
+  /// Builds an empty index whose `release` returns orphans' slots to the engine's
+  /// allocator: for an engine that drives the index itself. Throws Error(invalid_argument)
+  /// naming the value when hash_capacity is 0 or above 2^31, slot_count is above 2^24, or
+  /// `release` is empty. Any thread may construct it; from then on only the scheduler
+  /// thread uses it. Destroying it releases no slot (the engine is going away) and
+  /// requires every ticket it issued to be gone.
+  OffloadIndex(OffloadIndexOptions options, SlotFree release) : OffloadIndex(options) {
+    if (!release) throw Error(ErrorCode::invalid_argument, "OffloadIndex needs a slot-free callback, got an empty one");
+    release_ = std::move(release);
   }
+
+  /// Builds an empty index with no slot-free callback: the engine learns that an
+  /// orphan's slot is free another way — a Coordinator's Freed event (a Coordinator
+  /// requires this form), or the orphaned LoadResolution. Throws as the other constructor
+  /// for bad options.
+  explicit OffloadIndex(OffloadIndexOptions options)
+      : options_(validated(options)),
+        hashes_(options_.hash_capacity, options_.preallocate_hashes,
+                options_.hash_eviction == HashEviction::spared_tokens ? spared_tokens_window : 1),
+        generations_(options_.last_issued),
+        slot_owner_(options_.slot_count, detail::npos32) {}
+
+  /// Whether the index calls a slot-free callback for orphans. Any thread that owns it;
+  /// noexcept; O(1).
+  [[nodiscard]] bool has_slot_free() const noexcept { return static_cast<bool>(release_); }
 
   OffloadIndex(const OffloadIndex&) = delete;
   OffloadIndex& operator=(const OffloadIndex&) = delete;
@@ -109,24 +121,26 @@ class OffloadIndex final : private detail::TicketSink {
 
   // ---------------------------------------------------------------- indexed hashes
 
-  /// Indexes `hash` as most recently used (or touches it). At the cap the least recently
-  /// used hash is evicted and counted in hashes_evicted. Call it only when every rank
-  /// stored the entry (settle_save does). Scheduler thread only; noexcept; O(1) amortised.
-  void note_stored(PrefixHash hash) noexcept {
-    const auto r = hashes_.insert_or_touch(hash);
+  /// Indexes `hash` as most recently used (or touches it); `spared_tokens` is the prefill
+  /// its checkpoint spares (its boundary), which the spared_tokens eviction weighs. At the
+  /// cap a hash is evicted (the least recently used, or the lightest of the 8 least
+  /// recently used with HashEviction::spared_tokens) and counted in hashes_evicted. Call it
+  /// only when every live rank stored the entry (settle_save does, with the save's
+  /// boundary). Scheduler thread only; noexcept; O(1) amortised.
+  void note_stored(PrefixHash hash, TokenCount spared_tokens = 0) noexcept {
+    const auto r = hashes_.insert_or_touch(hash, weight_of(spared_tokens));
     if (r.evicted) {
-      ++hashes_evicted_;
-      --indexed_;
+      ++stats_.hashes_evicted;
+      --stats_.indexed;
     }
-    if (r.outcome == detail::LruHashSet::Outcome::inserted) ++indexed_;
-    if (r.outcome == detail::LruHashSet::Outcome::dropped) ++hashes_dropped_;
+    if (r.outcome == detail::LruHashSet::Outcome::inserted) ++stats_.indexed;
   }
 
   /// Removes `hash` from the index; returns whether it was indexed. Outstanding loads of it
   /// are untouched. Scheduler thread only; noexcept; O(1).
   bool forget(PrefixHash hash) noexcept {
     if (!hashes_.erase(hash)) return false;
-    --indexed_;
+    --stats_.indexed;
     return true;
   }
 
@@ -144,7 +158,7 @@ class OffloadIndex final : private detail::TicketSink {
   // ---------------------------------------------------------------- loads
 
   /// Admits a load for `request`: KV-only (state empty), state-only (kv empty, R10) or
-  /// joint. On admission, issues a fresh generation, counts the load in `dispatched` and
+  /// joint. On admission, issues a fresh generation, counts the load in `issued` and
   /// `outstanding`, holds the slot against other loads, touches the state hash's LRU
   /// position, and returns a ticket that owns the KV spec (moved, not copied). On refusal
   /// (see LoadRefusal for the order of checks) only `refused` changes.
@@ -159,9 +173,9 @@ class OffloadIndex final : private detail::TicketSink {
       requests_.reserve(requests_.size() + 1);
       // Every outstanding load resolves at most once before the next admission, so this
       // reserve is what lets every settle path queue its resolution without allocating.
-      const std::size_t need = resolutions_.size() + outstanding_ + 1;
+      const std::size_t need = resolutions_.size() + stats_.outstanding + 1;
       if (resolutions_.capacity() < need) resolutions_.reserve(std::max(need, 2 * resolutions_.capacity()));
-      const std::size_t forget_need = forgotten_.size() + outstanding_ + 1;
+      const std::size_t forget_need = forgotten_.size() + stats_.outstanding + 1;
       if (forgotten_.capacity() < forget_need) forgotten_.reserve(std::max(forget_need, 2 * forgotten_.capacity()));
       if (e == detail::npos32) {
         if (entries_.size() == entries_.capacity()) entries_.reserve(std::max<std::size_t>(64, 2 * entries_.size()));
@@ -188,8 +202,8 @@ class OffloadIndex final : private detail::TicketSink {
     }
     keys_.insert(key.generation, e);
     requests_.insert(request, e);
-    ++dispatched_;
-    ++outstanding_;
+    ++stats_.issued;
+    ++stats_.outstanding;
     return LoadAdmission(LoadTicket(this, e, key, std::move(kv)));
   }
 
@@ -202,7 +216,7 @@ class OffloadIndex final : private detail::TicketSink {
   bool settle(const Settlement& s) noexcept {
     const std::uint32_t e = find_entry(s.key);
     if (e == detail::npos32 || entries_[e].status != Status::in_flight) {
-      ++late_reports_;
+      ++stats_.late_reports;
       return false;
     }
     resolve(e, s.ok ? Resolution::completed : Resolution::failed, !s.ok && s.state_missed);
@@ -246,7 +260,7 @@ class OffloadIndex final : private detail::TicketSink {
   /// The request of an in-flight load was torn down (R8): the index takes custody of its
   /// slot, stamps the orphan time with Clock::now(), and stops counting the load against
   /// the request, so a re-admission is not blocked. The slot goes back through the
-  /// release callback exactly once, when the load settles or is reclaimed. Returns false
+  /// slot-free callback exactly once, when the load settles or is reclaimed. Returns false
   /// if `key` is not in flight (unknown, not yet dispatched, resolved) or already
   /// orphaned: then nothing is writing into the slot and the caller keeps it (a ticket
   /// still alive must be dropped with the request). Scheduler thread only; noexcept; O(1)
@@ -259,7 +273,7 @@ class OffloadIndex final : private detail::TicketSink {
     en.orphaned_at = Clock::now();
     requests_.erase(key.request);
     link_sorted<&Entry::orphan_links, &Entry::orphaned_at>(orphans_, e);
-    ++orphaned_;
+    ++stats_.orphaned;
     return true;
   }
 
@@ -341,8 +355,33 @@ class OffloadIndex final : private detail::TicketSink {
       visit(OverdueLoad{entries_[e].key, std::chrono::duration_cast<std::chrono::nanoseconds>(age), entries_[e].orphaned});
       ++n;
     }
-    overdue_ = n;
+    stats_.overdue = n;
     return n;
+  }
+
+  /// Calls visit(const LoadKey&) for every load in flight (dispatched, not resolved;
+  /// orphans included), oldest dispatch first. `visit` must not call back into the index.
+  /// SettlementPump uses it when a rank dies (keys no live rank owes settle then). Scheduler
+  /// thread only; noexcept if `visit` is; O(in flight), counted in walk_steps.
+  template <class F>
+    requires std::invocable<F&, const LoadKey&>
+  void for_each_load_in_flight(F&& visit) const noexcept(std::is_nothrow_invocable_v<F&, const LoadKey&>) {
+    for (std::uint32_t e = flight_.head; e != detail::npos32; e = entries_[e].flight_links.next) {
+      ++own_walks_;
+      visit(entries_[e].key);
+    }
+  }
+
+  /// Calls visit(const SaveKey&) for every save in flight (dispatched, its `stored` phase
+  /// not settled), in no particular order. `visit` must not call back into the index.
+  /// Scheduler thread only; noexcept if `visit` is; O(saves outstanding), counted in
+  /// walk_steps.
+  template <class F>
+    requires std::invocable<F&, const SaveKey&>
+  void for_each_save_in_flight(F&& visit) const noexcept(std::is_nothrow_invocable_v<F&, const SaveKey&>) {
+    saves_.for_each([&](const SaveKey& key, std::uint32_t v) {
+      if ((v & save_dispatched_bit) != 0) visit(key);
+    });
   }
 
   /// The last generation this index issued (to a load or a save). Persist it and pass it
@@ -406,12 +445,14 @@ class OffloadIndex final : private detail::TicketSink {
     try {
       saves_.reserve(saves_.size() + 1);
     } catch (...) {
-      ++saves_refused_;
+      ++stats_.saves_refused;
       return SaveAdmission<Save>(SaveRefusal::out_of_memory);
     }
     save.key.generation = generations_.next();
-    saves_.insert(save.key, save_value(std::same_as<Save, StateSave> ? SaveKind::state : SaveKind::kv, false));
-    ++saves_issued_;
+    TokenCount spared = 0;
+    if constexpr (std::same_as<Save, StateSave>) spared = save.boundary_tokens;
+    saves_.insert(save.key, save_value(std::same_as<Save, StateSave> ? SaveKind::state : SaveKind::kv, false, spared));
+    ++stats_.saves_issued;
     return SaveAdmission<Save>(SaveTicket<Save>(this, std::move(save)));
   }
 
@@ -432,19 +473,19 @@ class OffloadIndex final : private detail::TicketSink {
   bool settle_save(const SaveSettlement& s) noexcept {
     const std::uint32_t v = saves_.find(s.key);
     if (v == detail::npos32 || (v & save_dispatched_bit) == 0) {
-      ++late_reports_;
+      ++stats_.late_reports;
       return false;
     }
     if (s.phase == SavePhase::released) {
-      if (s.ok) ++saves_released_;
+      if (s.ok) ++stats_.saves_released;
       return true;
     }
     (void)saves_.erase(s.key);
     if (s.ok) {
-      ++saves_stored_;
-      if ((v & save_state_bit) != 0) note_stored(s.key.hash);
+      ++stats_.saves_stored;
+      if ((v & save_state_bit) != 0) note_stored(s.key.hash, v >> save_weight_shift);
     } else {
-      ++saves_failed_;
+      ++stats_.saves_failed;
     }
     return true;
   }
@@ -455,32 +496,9 @@ class OffloadIndex final : private detail::TicketSink {
   /// one to invariant_violations (included in the result) and never throws. Visits no
   /// entry: O(1) at any size (R17). Scheduler thread only; noexcept.
   [[nodiscard]] IndexStats stats() const noexcept {
-    IndexStats s;
-    s.dispatched = dispatched_;
-    s.in_flight = in_flight_;
-    s.completed = completed_;
-    s.failed = failed_;
-    s.abandoned = abandoned_;
-    s.reclaimed = reclaimed_;
-    s.outstanding = outstanding_;
-    s.orphaned = orphaned_;
-    s.late_reports = late_reports_;
-    s.refused = refused_;
-    s.indexed = indexed_;
-    s.hashes_evicted = hashes_evicted_;
-    s.hashes_retracted = hashes_retracted_;
-    s.hashes_dropped = hashes_dropped_;
-    s.slots_released = slots_released_;
-    s.slot_release_errors = slot_release_errors_;
-    s.overdue = overdue_;
-    s.saves_issued = saves_issued_;
-    s.saves_released = saves_released_;
-    s.saves_stored = saves_stored_;
-    s.saves_failed = saves_failed_;
-    s.saves_abandoned = saves_abandoned_;
+    IndexStats s = stats_;
     s.saves_outstanding = saves_.size();
-    s.saves_refused = saves_refused_;
-    const bool ok = s.dispatched == s.completed + s.failed + s.abandoned + s.outstanding &&
+    const bool ok = s.issued == s.completed + s.failed + s.abandoned + s.outstanding &&
                     s.reclaimed <= s.abandoned && s.outstanding == keys_.size() && s.in_flight <= s.outstanding &&
                     s.in_flight == flight_.count && s.orphaned == orphans_.count && s.orphaned <= s.in_flight &&
                     s.indexed == hashes_.size() && hashes_.size() == hashes_.lru_length() &&
@@ -531,6 +549,10 @@ class OffloadIndex final : private detail::TicketSink {
     if (o.hash_capacity == 0 || o.hash_capacity > (std::size_t{1} << 31))
       throw Error(ErrorCode::invalid_argument,
                   "OffloadIndexOptions::hash_capacity must be in [1, 2^31], got " + std::to_string(o.hash_capacity));
+    if (o.hash_eviction != HashEviction::lru && o.hash_eviction != HashEviction::spared_tokens)
+      throw Error(ErrorCode::invalid_argument, "OffloadIndexOptions::hash_eviction=" +
+                                                   std::to_string(static_cast<unsigned>(o.hash_eviction)) +
+                                                   " is not a HashEviction (lru, spared_tokens)");
     if (o.slot_count > (std::uint32_t{1} << 24))
       throw Error(ErrorCode::invalid_argument,
                   "OffloadIndexOptions::slot_count must be at most 2^24, got " + std::to_string(o.slot_count));
@@ -540,7 +562,7 @@ class OffloadIndex final : private detail::TicketSink {
   [[nodiscard]] LoadRefusal admission_check(RequestId request, bool has_kv,
                                             const std::optional<StateSpec>& state) const noexcept {
     if (!has_kv && !state) return LoadRefusal::empty_load;
-    if (!options_.can_load) return LoadRefusal::role_cannot_load;
+    if (!options_.role_loads) return LoadRefusal::role_cannot_load;
     if (state) {
       if (!options_.state_tier) return LoadRefusal::no_state_tier;
       if (state->slot.value >= options_.slot_count) return LoadRefusal::invalid_slot;
@@ -556,7 +578,7 @@ class OffloadIndex final : private detail::TicketSink {
   }
 
   LoadAdmission refuse(LoadRefusal why) noexcept {
-    ++refused_;
+    ++stats_.refused;
     return LoadAdmission(why);
   }
 
@@ -570,7 +592,7 @@ class OffloadIndex final : private detail::TicketSink {
   bool resolve_by_engine(LoadKey key, Resolution kind, bool missing) noexcept {
     const std::uint32_t e = find_entry(key);
     if (e == detail::npos32 || entries_[e].status != Status::in_flight) {
-      ++late_reports_;
+      ++stats_.late_reports;
       return false;
     }
     if (entries_[e].orphaned) return false;  // R8: ends only by settle() or reclaim
@@ -579,10 +601,21 @@ class OffloadIndex final : private detail::TicketSink {
     return true;
   }
 
-  static constexpr std::uint32_t save_state_bit = 1, save_dispatched_bit = 2;
-  static constexpr std::uint32_t save_value(SaveKind kind, bool dispatched) noexcept {
-    return (kind == SaveKind::state ? save_state_bit : 0) | (dispatched ? save_dispatched_bit : 0);
+  // A save's table value: its kind and dispatched bits, and above them the tokens a state
+  // save's checkpoint spares (its boundary, saturated below 2^30 - 1 so that the value is
+  // never npos32), for the weighted eviction when it is indexed.
+  static constexpr std::uint32_t save_state_bit = 1, save_dispatched_bit = 2, save_weight_shift = 2;
+  static constexpr std::uint32_t save_value(SaveKind kind, bool dispatched, TokenCount spared = 0) noexcept {
+    const std::uint32_t weight = static_cast<std::uint32_t>(std::min<TokenCount>(spared, (std::uint32_t{1} << 30) - 2));
+    return (weight << save_weight_shift) | (kind == SaveKind::state ? save_state_bit : 0) |
+           (dispatched ? save_dispatched_bit : 0);
   }
+  // The eviction weight of a checkpoint sparing `tokens`: saturated to 32 bits.
+  static constexpr std::uint32_t weight_of(TokenCount tokens) noexcept {
+    return static_cast<std::uint32_t>(std::min<TokenCount>(tokens, UINT32_MAX));
+  }
+  // The spared_tokens eviction looks at this many least recently used hashes.
+  static constexpr std::uint32_t spared_tokens_window = 8;
 
   // The one place a load ends: counters, tables, the hash (on a genuine miss), the
   // resolution queue, and, last, the orphan's slot.
@@ -592,39 +625,40 @@ class OffloadIndex final : private detail::TicketSink {
     const bool release = en.orphaned && en.has_state;
     const SlotId slot = en.leg.slot;
     switch (kind) {
-      case Resolution::completed: ++completed_; break;
-      case Resolution::failed: ++failed_; break;
-      case Resolution::abandoned: ++abandoned_; break;
-      case Resolution::reclaimed: ++abandoned_; ++reclaimed_; break;
+      case Resolution::completed: ++stats_.completed; break;
+      case Resolution::failed: ++stats_.failed; break;
+      case Resolution::abandoned: ++stats_.abandoned; break;
+      case Resolution::reclaimed: ++stats_.abandoned; ++stats_.reclaimed; break;
     }
-    --outstanding_;
+    --stats_.outstanding;
     if (en.status == Status::in_flight) {
-      --in_flight_;
+      --stats_.in_flight;
       unlink<&Entry::flight_links>(flight_, e);
     }
     if (en.orphaned) {
       unlink<&Entry::orphan_links>(orphans_, e);
-      --orphaned_;
+      --stats_.orphaned;
     } else {
       requests_.erase(en.key.request);
     }
     keys_.erase(en.key.generation);
     if (en.has_state) slot_owner_[slot.value] = detail::npos32;
-    if (missed && forget(en.leg.boundary_hash)) ++hashes_retracted_;
+    if (missed && forget(en.leg.boundary_hash)) ++stats_.hashes_retracted;
     resolutions_.push_back(LoadResolution{en.key, kind, missed, en.orphaned, en.status == Status::in_flight});
     en.status = Status::free;
     en.orphaned = false;
     en.free_next = free_entry_;
     free_entry_ = e;
-    if (release) release_slot(slot);
+    if (release) free_slot(slot);
   }
 
-  void release_slot(SlotId slot) noexcept {
-    ++slots_released_;
+  void free_slot(SlotId slot) noexcept {
+    ++stats_.slots_freed;
+    if (!release_) return;  // the owner hears of it through the orphaned resolution
     try {
       release_(slot);
     } catch (...) {
-      ++slot_release_errors_;
+      ++stats_.slot_free_errors;
     }
   }
 
@@ -660,7 +694,7 @@ class OffloadIndex final : private detail::TicketSink {
     en.status = Status::in_flight;
     en.dispatched_at = Clock::now();
     link_sorted<&Entry::flight_links, &Entry::dispatched_at>(flight_, e);
-    ++in_flight_;
+    ++stats_.in_flight;
     if (!en.has_state) return std::nullopt;
     return en.leg;
   }
@@ -683,11 +717,11 @@ class OffloadIndex final : private detail::TicketSink {
     const std::uint32_t v = saves_.find(key);
     if (v == detail::npos32 || (v & save_dispatched_bit) != 0) return;
     (void)saves_.erase(key);
-    ++saves_abandoned_;
+    ++stats_.saves_abandoned;
   }
 
   OffloadIndexOptions options_;
-  SlotRelease release_;
+  SlotFree release_;
   detail::LruHashSet hashes_;
   GenerationSource generations_;
 
@@ -702,13 +736,7 @@ class OffloadIndex final : private detail::TicketSink {
   TimeList flight_;                                 // loads in flight, by dispatch time
   TimeList orphans_;                                // orphans, by orphan time
 
-  std::uint64_t dispatched_ = 0, in_flight_ = 0, completed_ = 0, failed_ = 0, abandoned_ = 0, reclaimed_ = 0;
-  std::uint64_t outstanding_ = 0, orphaned_ = 0, late_reports_ = 0, refused_ = 0;
-  std::uint64_t indexed_ = 0, hashes_evicted_ = 0, hashes_retracted_ = 0, hashes_dropped_ = 0;
-  std::uint64_t slots_released_ = 0, slot_release_errors_ = 0;
-  std::uint64_t overdue_ = 0;
-  std::uint64_t saves_issued_ = 0, saves_released_ = 0, saves_stored_ = 0, saves_failed_ = 0, saves_abandoned_ = 0;
-  std::uint64_t saves_refused_ = 0;
+  IndexStats stats_{};  // every counter and counted gauge; stats() adds saves_outstanding and the audit
   mutable std::uint64_t invariant_violations_ = 0;
   mutable std::uint64_t own_walks_ = 0;
 };

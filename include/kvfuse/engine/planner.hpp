@@ -29,7 +29,8 @@
 //                             past B, even past P - 1, but never past lookup_tokens (<= P); the
 //                             request claims B tokens and never more (the KV in [B, end) is
 //                             loaded only because the tier moves whole chunks, and is
-//                             overwritten by the recompute); DSV4: hbm == 0.
+//                             overwritten by the recompute). Any block-aligned hbm, DSV4
+//                             included.
 //   StateOnlyLoad{boundary}   stateful models only. The KV of [0, B) is already resident
 //                             (0 < B <= hbm, B <= P - 1); only the state checkpoint at B moves:
 //                             the LoadRequest carries no KV spec at all (R10). The request
@@ -38,21 +39,24 @@
 //
 // The rules, in the order they are applied (the first that decides, wins):
 //   1. Invalid input is refused, never clamped (R11): bad grids, an unknown layout, an empty
-//      prompt, an HBM floor off the block grid (ranks refuse it), a lookup off the chunk grid
-//      (the tier holds whole chunks only) or beyond the prompt.
+//      prompt, a prompt too long for the grids (the chunk holding its last token would end
+//      past 2^64 - 1, so its grid arithmetic cannot be done in a TokenCount), an HBM floor
+//      off the block grid (ranks refuse it), a lookup off the chunk grid (the tier holds
+//      whole chunks only) or beyond the prompt.
 //   2. Dense: end = min(lookup, floor_chunk(P - 1)); no load when lookup <= hbm
 //      (lookup_within_hbm) or end <= hbm (chunk_holds_last_token).
 //   3. Stateful: a boundary is a candidate if it is in the servable list, on the block grid
 //      and 0 < B <= P - 1 (B = P is never chosen: the last token is always computed).
 //      A joint candidate has B > hbm and its covering chunk within the lookup
 //      (ceil_chunk(B) <= lookup, i.e. the KV of [0, B) is in HBM ∪ tier); a state-only
-//      candidate has B <= hbm. The plan is the highest joint candidate — unless the model is
-//      DSV4 and hbm > 0 (ranks refuse a DSV4 load with a KV leg and a nonzero floor) — else
-//      the highest state-only candidate. A joint load always claims more than a state-only
-//      one (B > hbm >= B'), so "prefer the load that claims more" and "prefer a joint load"
-//      are the same rule. With no plan the reason is, in this order:
-//      nothing_servable_above_hbm (no candidate above hbm), dsv4_nonzero_hbm,
-//      lookup_within_hbm (lookup <= hbm), covering_chunk_beyond_lookup.
+//      candidate has B <= hbm. The plan is the highest joint candidate, else the highest
+//      state-only candidate, for DSV4 and K3 alike: the state at B depends only on the
+//      tokens before B, wherever their KV sits, so a joint load may start at any
+//      block-aligned floor (DESIGN §9, 2026-12-01). A joint load always claims more than a
+//      state-only one (B > hbm >= B'), so "prefer the load that claims more" and "prefer a
+//      joint load" are the same rule. With no plan the reason is, in this order:
+//      nothing_servable_above_hbm (no candidate above hbm), lookup_within_hbm
+//      (lookup <= hbm), covering_chunk_beyond_lookup.
 //   4. Minimum size: a plan that spares fewer than `min_load_tokens` tokens of prefill is
 //      load_too_small. A dense load spares end - hbm (its HBM prefix is usable without a
 //      load); a stateful load spares all B tokens it claims (without a state at some
@@ -84,6 +88,7 @@
 #include <variant>
 
 #include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/detail/enum_sentinel.hpp>
 #include <kvfuse/engine/capability.hpp>
 
 namespace kvfuse {
@@ -131,12 +136,15 @@ enum class NoLoadReason : std::uint8_t {
   chunk_holds_last_token,        ///< dense: every tier chunk above hbm reaches the last prompt token
   nothing_servable_above_hbm,    ///< stateful: no servable boundary B with 0 < B <= P - 1 at all
                                  ///< (none above hbm and none at or below it)
-  dsv4_nonzero_hbm,              ///< DSV4 with hbm > 0 and only boundaries above hbm: ranks refuse the floor
   covering_chunk_beyond_lookup,  ///< stateful: the chunk covering every boundary above hbm is not all in the tier
   load_too_small,                ///< the best load spares fewer than min_load_tokens tokens of prefill
+  /// The chunk holding the prompt's last token would end past 2^64 - 1 (P > the chunk
+  /// grid's max_aligned()): the grids' arithmetic over the prompt cannot be represented, so
+  /// the input is refused (R11) rather than wrapped. Checked right after empty_prompt.
+  prompt_too_long_for_grids,
 };
-/// The highest NoLoadReason value. Keep it last.
-inline constexpr NoLoadReason last_no_load_reason = NoLoadReason::load_too_small;
+/// The highest NoLoadReason value; the static_assert below to_string checks it is the last.
+inline constexpr NoLoadReason last_no_load_reason = NoLoadReason::prompt_too_long_for_grids;
 
 /// Short, stable name of a NoLoadReason, for engine logs. Constexpr, noexcept, thread-safe.
 constexpr std::string_view to_string(NoLoadReason r) noexcept {
@@ -150,12 +158,14 @@ constexpr std::string_view to_string(NoLoadReason r) noexcept {
     case NoLoadReason::lookup_within_hbm: return "lookup_within_hbm";
     case NoLoadReason::chunk_holds_last_token: return "chunk_holds_last_token";
     case NoLoadReason::nothing_servable_above_hbm: return "nothing_servable_above_hbm";
-    case NoLoadReason::dsv4_nonzero_hbm: return "dsv4_nonzero_hbm";
     case NoLoadReason::covering_chunk_beyond_lookup: return "covering_chunk_beyond_lookup";
     case NoLoadReason::load_too_small: return "load_too_small";
+    case NoLoadReason::prompt_too_long_for_grids: return "prompt_too_long_for_grids";
   }
   return "unknown_no_load_reason";
 }
+static_assert(detail::is_last_named(last_no_load_reason),
+              "last_no_load_reason is not the last NoLoadReason: move it to the new last value");
 
 /// Compute; load nothing.
 struct NoLoad {
@@ -171,7 +181,7 @@ struct KvOnlyLoad {
 /// Stateful: restore the state at `boundary` and fill [hbm, end); the request claims
 /// `boundary` tokens, never `end`.
 struct JointLoad {
-  TokenCount hbm = 0;       ///< the HBM floor (0 for DSV4)
+  TokenCount hbm = 0;       ///< the HBM floor, on the block grid (any, DSV4 included)
   TokenCount end = 0;       ///< the chunk covering `boundary`; <= lookup
   TokenCount boundary = 0;  ///< B: hbm < B <= P - 1, on the block grid, servable
   friend constexpr bool operator==(JointLoad, JointLoad) noexcept = default;
@@ -196,6 +206,10 @@ constexpr LoadPlan plan_load(const PlanInput& in) noexcept {
   const TokenCount prompt = in.prompt_tokens, hbm = in.hbm, lookup = in.lookup_tokens;
   if (prompt == 0) return NoLoad{NoLoadReason::empty_prompt};
   const TokenGrid blocks = grids.block_grid(), chunks = grids.chunk_grid();
+  // From here on every token count is at most P <= chunks.max_aligned(), so the chunk
+  // covering any of them fits in a TokenCount (and so does the block covering it: the chunk
+  // is a multiple of the block), and no step below can wrap.
+  if (prompt > chunks.max_aligned()) return NoLoad{NoLoadReason::prompt_too_long_for_grids};
   if (!blocks.aligned(hbm)) return NoLoad{NoLoadReason::hbm_off_block_grid};
   if (!chunks.aligned(lookup)) return NoLoad{NoLoadReason::lookup_off_chunk_grid};
   if (lookup > prompt) return NoLoad{NoLoadReason::lookup_beyond_prompt};
@@ -222,8 +236,7 @@ constexpr LoadPlan plan_load(const PlanInput& in) noexcept {
       if (b <= lookup) joint_b = std::max(joint_b, b);
     }
   }
-  const bool floor_accepted = in.layout != StateLayout::dsv4_slot || hbm == 0;
-  if (joint_b > 0 && floor_accepted) {
+  if (joint_b > 0) {
     if (joint_b < in.min_load_tokens) return NoLoad{NoLoadReason::load_too_small};
     return JointLoad{hbm, chunks.ceil(joint_b), joint_b};
   }
@@ -232,7 +245,6 @@ constexpr LoadPlan plan_load(const PlanInput& in) noexcept {
     return StateOnlyLoad{state_b};
   }
   if (!any_above) return NoLoad{NoLoadReason::nothing_servable_above_hbm};
-  if (!floor_accepted) return NoLoad{NoLoadReason::dsv4_nonzero_hbm};
   if (lookup <= hbm) return NoLoad{NoLoadReason::lookup_within_hbm};
   return NoLoad{NoLoadReason::covering_chunk_beyond_lookup};
 }
@@ -275,7 +287,8 @@ constexpr std::optional<IndexRange> kv_tokens(const LoadPlan& plan) noexcept {
 /// The prompt's chunk indices the KV spec needs: [floor(hbm / chunk), end / chunk), i.e. the
 /// chunks overlapping [hbm, end), first the one containing hbm. KvSpec::chunk_keys is the
 /// engine's per-chunk key vector sliced to this range. Empty for a plan without a KV leg,
-/// or for invalid `grids` (pass the grids the plan was made with). Constexpr, noexcept.
+/// or for invalid `grids` (pass the grids the plan was made with). Never wraps, whatever
+/// the plan holds (TokenGrid::cells_covering is exact up to 2^64 - 1). Constexpr, noexcept.
 constexpr IndexRange chunk_range(const LoadPlan& plan, PlanGrids grids) noexcept {
   const std::optional<IndexRange> tokens = kv_tokens(plan);
   if (!tokens || !grids.valid()) return {};
@@ -285,7 +298,8 @@ constexpr IndexRange chunk_range(const LoadPlan& plan, PlanGrids grids) noexcept
 
 /// The request's block indices the KV spec fills: [hbm / block, end / block), the blocks
 /// covering [hbm, end). KvSpec::blocks is the request's block table sliced to this range.
-/// Empty for a plan without a KV leg, or for invalid `grids`. Constexpr, noexcept.
+/// Empty for a plan without a KV leg, or for invalid `grids`. Never wraps, like chunk_range.
+/// Constexpr, noexcept.
 constexpr IndexRange block_range(const LoadPlan& plan, PlanGrids grids) noexcept {
   const std::optional<IndexRange> tokens = kv_tokens(plan);
   if (!tokens || !grids.valid()) return {};

@@ -26,7 +26,7 @@ namespace kvfuse {
 enum class LoadRefusal : std::uint8_t {
   none = 0,           ///< not refused (an admission)
   empty_load,         ///< neither a KV spec nor a state leg: nothing to load
-  role_cannot_load,   ///< the configured role never loads (OffloadIndexOptions::can_load is false)
+  role_cannot_load,   ///< the configured role never loads (OffloadIndexOptions::role_loads is false)
   no_state_tier,      ///< a state leg, but there is no state tier (OffloadIndexOptions::state_tier)
   invalid_slot,       ///< the state leg's slot is outside [0, slot_count)
   invalid_state_leg,  ///< zero block_tokens or chunk_tokens, or a boundary off the checkpoint grid

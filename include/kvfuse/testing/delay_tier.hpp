@@ -18,7 +18,8 @@ namespace kvfuse {
 
 /// Wraps a Tier and sleeps `delay` before every get (hit, miss or failure alike), the way a
 /// fetch pays its round trip before it knows the answer. put, contains and erase pass
-/// straight through. The wrapped tier is built in place, so non-movable tiers fit.
+/// straight through. A wrapper must not lose a capability of what it wraps: over a
+/// BatchedTier it is one too, and a batch pays the delay once, as one round trip does. The wrapped tier is built in place, so non-movable tiers fit.
 /// Thread-safe exactly as far as Inner is (the delay itself holds no lock: concurrent gets
 /// sleep concurrently).
 template <Tier Inner>
@@ -34,6 +35,15 @@ class DelayTier {
   TierView get(const TierKey& key, std::span<std::byte> staging) noexcept {
     if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
     return inner_.get(key, staging);
+  }
+  /// Sleeps for the delay once, then hands the whole batch to the wrapped tier (exists
+  /// only when Inner is a BatchedTier). Any thread; noexcept; blocks.
+  void get_batch(const TierKey& first, std::span<const PrefixHash> hashes, std::span<TierView> out,
+                 BatchSink sink = {}) noexcept
+    requires BatchedTier<Inner>
+  {
+    if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
+    inner_.get_batch(first, hashes, out, sink);
   }
   /// The wrapped tier's put, undelayed.
   bool put(const TierKey& key, std::span<const std::byte> bytes) noexcept { return inner_.put(key, bytes); }

@@ -39,7 +39,7 @@ struct detail::OffloadIndexAccess<testing::ConsistencyWalk> {
       }
     };
     if (std::string p = ix.hashes_.check(); !p.empty()) fail_with("hash set: " + p);
-    if (ix.hashes_.size() != ix.indexed_) fail_with("indexed counter disagrees with the hash set");
+    if (ix.hashes_.size() != ix.stats_.indexed) fail_with("indexed counter disagrees with the hash set");
 
     std::uint64_t ticketed = 0, in_flight = 0, orphans = 0, live = 0, with_state = 0;
     for (std::uint32_t e = 0; e < ix.entries_.size(); ++e) {
@@ -114,21 +114,21 @@ struct detail::OffloadIndexAccess<testing::ConsistencyWalk> {
       if (ix.entries_[e].status != Index::Status::free) fail_with("the free list holds an outstanding load");
     }
     if (free_entries + ticketed + in_flight != ix.entries_.size()) fail_with("load entries leaked: neither outstanding nor free");
-    if (ticketed + in_flight != ix.outstanding_) fail_with("outstanding counter disagrees with the entries");
-    if (in_flight != ix.in_flight_) fail_with("in_flight counter disagrees with the entries");
-    if (orphans != ix.orphaned_ || listed != ix.orphaned_)
+    if (ticketed + in_flight != ix.stats_.outstanding) fail_with("outstanding counter disagrees with the entries");
+    if (in_flight != ix.stats_.in_flight) fail_with("in_flight counter disagrees with the entries");
+    if (orphans != ix.stats_.orphaned || listed != ix.stats_.orphaned)
       fail_with("orphaned counter disagrees with the entries or the orphan list");
-    if (ix.keys_.size() != ix.outstanding_) fail_with("key table size disagrees with outstanding");
+    if (ix.keys_.size() != ix.stats_.outstanding) fail_with("key table size disagrees with outstanding");
     if (ix.requests_.size() != live) fail_with("request table size disagrees with the live loads");
-    if (ix.dispatched_ != ix.completed_ + ix.failed_ + ix.abandoned_ + ix.outstanding_)
-      fail_with("dispatched != completed + failed + abandoned + outstanding");
-    if (ix.reclaimed_ > ix.abandoned_) fail_with("reclaimed > abandoned");
-    if (ix.saves_issued_ != ix.saves_stored_ + ix.saves_failed_ + ix.saves_abandoned_ + ix.saves_.size())
+    if (ix.stats_.issued != ix.stats_.completed + ix.stats_.failed + ix.stats_.abandoned + ix.stats_.outstanding)
+      fail_with("issued != completed + failed + abandoned + outstanding");
+    if (ix.stats_.reclaimed > ix.stats_.abandoned) fail_with("reclaimed > abandoned");
+    if (ix.stats_.saves_issued != ix.stats_.saves_stored + ix.stats_.saves_failed + ix.stats_.saves_abandoned + ix.saves_.size())
       fail_with("saves_issued != saves_stored + saves_failed + saves_abandoned + saves_outstanding");
-    if (flying != ix.in_flight_) fail_with("in_flight counter disagrees with the in-flight list");
-    if (ix.resolutions_.capacity() < ix.resolutions_.size() + ix.outstanding_)
+    if (flying != ix.stats_.in_flight) fail_with("in_flight counter disagrees with the in-flight list");
+    if (ix.resolutions_.capacity() < ix.resolutions_.size() + ix.stats_.outstanding)
       fail_with("the resolution queue could need to allocate on a settle path");
-    if (ix.forgotten_.capacity() < ix.forgotten_.size() + ix.outstanding_)
+    if (ix.forgotten_.capacity() < ix.forgotten_.size() + ix.stats_.outstanding)
       fail_with("the forget list could need to allocate on a resolve path");
     rep.visited = ix.walk_steps() - before;
     return rep;

@@ -25,9 +25,9 @@
 //   1        XXH64, seed 0                  kvfuse 0.2.0; still read, never written
 //   2        XXH3-64 (XXH3_64bits), seed 0  this build
 //
-// Version 2 exists because XXH3 runs ~1.5x faster than XXH64 on the payloads a load checks;
-// the algorithm is chosen from the version field in one place (entry_checksum,
-// EntryChecksum), so every reader accepts both.
+// Version 2 exists because XXH3 is faster than XXH64 on the payloads a load checks
+// (bench/README.md); the algorithm is chosen from the version field in one place
+// (entry_checksum, EntryChecksum), so every reader accepts both.
 //
 // Readers refuse (never misread) a wrong magic, version or header size, a header checksum
 // that does not match, an unknown kind, nonzero padding, and a file whose size is not

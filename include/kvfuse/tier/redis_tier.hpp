@@ -23,8 +23,11 @@
 //
 // Never hangs, never throws on the hot path. Connect and command timeouts come from the
 // options; a call returns within about twice the command timeout. A dead, killed or
-// restarted server turns the chunks in flight into failed (or timed_out) views and puts
-// into false; the connection is dropped and a later call connects again. A pooled
+// restarted server turns the chunks in flight into failed views and puts into false; the
+// connection is dropped and a later call connects again. A server that stops answering (a
+// stopped process: the kernel still accepts its connections) is timed_out on every call,
+// the first on the pooled connection, each later one on the new connection's PING; a
+// refused connection is failed. A pooled
 // connection found stale (the server restarted) is retried once on a fresh connection, so
 // a restarted empty server answers misses rather than failures. Every command RedisTier
 // sends is idempotent (GET, SET, EXISTS, DEL, SCAN).
@@ -235,6 +238,7 @@ class RedisTier {
     s.round_trips = round_trips_.load(std::memory_order_relaxed);
     s.connects = pool_.connects();
     s.connect_failures = pool_.connect_failures();
+    s.connect_timeouts = pool_.connect_timeouts();
     s.dropped_connections = pool_.dropped();
     return s;
   }
@@ -356,8 +360,9 @@ class RedisTier {
   // callbacks must not throw.
   template <class Build, class OnReply, class OnLost>
   void exchange(std::size_t count, Build&& build, OnReply&& on_reply, OnLost&& on_lost) const noexcept {
+    Io no_connection = Io::failed;
     for (int attempt = 0; attempt < 2; ++attempt) {
-      std::unique_ptr<detail::redis::Connection> conn = pool_.take(attempt > 0);
+      std::unique_ptr<detail::redis::Connection> conn = pool_.take(attempt > 0, &no_connection);
       if (!conn) break;
       try {
         conn->out.clear();
@@ -393,7 +398,9 @@ class RedisTier {
       for (; i < count; ++i) on_lost(i, io);
       return;
     }
-    for (std::size_t i = 0; i < count; ++i) on_lost(i, Io::failed);  // no connection
+    // No connection: timed_out when the connect or its PING got no answer in time (a frozen
+    // server, as on the call that found the connection's first timeout), failed otherwise.
+    for (std::size_t i = 0; i < count; ++i) on_lost(i, no_connection);
   }
 
   RedisTierOptions options_;

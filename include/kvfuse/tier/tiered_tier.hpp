@@ -46,6 +46,13 @@ struct TieredTierStats {
   std::uint64_t front_put_failures = 0;  ///< puts the back stored and the front refused (put returned true)
 };
 
+/// A Tier that is not a BatchedTier: what TieredTier accepts as its back. A wrapper must not
+/// silently lose what it wraps: a batched back (RedisTier) answers a whole load in one
+/// round trip, and TieredTier asks its back one chunk at a time, so a batched back is
+/// refused at compile time, naming this concept; use the batched tier directly.
+template <class T>
+concept UnbatchedTier = Tier<T> && !BatchedTier<T>;
+
 /// A bounded fast tier (`Front`, e.g. MemoryTier) in front of a durable one (`Back`, e.g.
 /// DiskTier). Non-owning: both tiers outlive it, and nothing else should write to them
 /// while it is in use (the front must never hold what the back does not).
@@ -57,10 +64,11 @@ struct TieredTierStats {
 ///             staging; a back hit is promoted (copied) into the front. A back `failed` is
 ///             `failed`, never reported as a miss.
 ///   contains: front or back.  erase: both; true if either had the key.
+/// Not a BatchedTier, and a batched Back is refused at compile time (UnbatchedTier).
 ///
 /// Thread-safe: every member may be called from any thread at once, as far as Front and
 /// Back are (every Tier is). Holds no lock of its own. Not copyable or movable.
-template <Tier Front, Tier Back>
+template <Tier Front, UnbatchedTier Back>
 class TieredTier {
  public:
   using front_type = Front;

@@ -124,7 +124,7 @@ class CompletionGuard {
   /// Fails every leg the load has that has not already reported a failure, with
   /// `reason` (e.g. Reason::exception from a catch block). A miss or a
   /// refusal already reported stands, so an exception never hides a genuine miss.
-  void fail_all(Reason reason) noexcept {
+  void fail_legs(Reason reason) noexcept {
     if (has_kv_) kv_failed(reason);
     if (has_state_) state(StateOutcome::failed, reason);
   }

@@ -2,13 +2,16 @@
 // side of the offload tier.
 //
 // The connector owns its lanes (single-thread executors), one copy stream and one staging
-// buffer per lane, and one record emitter per lane. Every load it accepts produces exactly
+// buffer per lane (the save lane's holds ConnectorOptions::save_staging_chunks chunks, so a
+// multi-chunk save that fits releases its blocks before its first put), and one record
+// emitter per lane. Every load it accepts produces exactly
 // one CompletionRecord (R1) through a guard the load task holds from its first line; every
 // save produces exactly two SaveRecords (`released`, then `stored`). Nothing on the load or store path allocates (R12)
 // or throws (R19).
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -34,15 +37,30 @@ struct ConnectorOptions {
   std::size_t lane_capacity = 256;  ///< queued tasks per lane before submit backs off
   std::size_t staging_bytes = 0;    ///< per-lane staging; 0 = the larger of a KV chunk and a state entry
                                     ///< (StateLeg::entry_bytes), for the rank's geometry
+  /// How many KV chunks the save lane's staging holds: its buffer is the larger of this
+  /// many chunks and the other lanes' buffer (`staging_bytes`). Must be >= 1.
+  ///
+  /// Why: a KV save releases its source blocks once its last gather is synchronized,
+  /// before any of its puts (docs/reference.md#save-path), only if the whole save fits the
+  /// save lane's staging. A save of more chunks than that falls back to batches: it
+  /// gathers and puts all but the last `save_staging_chunks` chunks first, so its blocks
+  /// stay pinned through those puts (a round trip each, for a remote tier).
+  /// Each such save counts in ConnectorStats::staging_fallbacks: raise this field when
+  /// that counter grows. 1 is the least pinned memory and releases a multi-chunk save only
+  /// before its last put.
+  ///
+  /// The default, 8 chunks (2048 tokens at the default 256-token chunk), lets a save of
+  /// up to 8 chunks free its blocks right after its gather, for 7 chunks more pinned host
+  /// memory than a one-chunk buffer (224 MiB at 128 KiB of KV per token per rank): host
+  /// memory, which is plentiful, spent to hand device blocks, which are not, back early.
+  std::size_t save_staging_chunks = 8;
   /// How long the lanes that run loads (the load lane, and the state lane of a composition
   /// that has one) poll for the next load after finishing one, before they sleep on a
-  /// futex (BasicLane's `spin`). 0, the default, never spins: today's
-  /// behaviour. Must be >= 0.
+  /// futex (BasicLane's `spin`). 0, the default, never spins. Must be >= 0.
   ///
   /// What it buys: a load submitted while its lane still spins skips the lane's futex
-  /// wake-up; on a 2-vCPU VM whose other vCPU sits halted that wake-up is ~22 us of the
-  /// ~48 us a one-chunk load costs from load() to its record, and with 50 us of spin the
-  /// whole path measured ~5 us for loads back to back (bench/README.md, issue 12). A load
+  /// wake-up, which on a small VM whose other vCPU sits halted is most of a one-chunk
+  /// load's fixed cost from load() to its record (bench/README.md#fixed-cost). A load
   /// that comes after the spin ran out finds the lane asleep and pays the wake-up as before.
   /// What it costs: after every load (every burst of loads) each of those lanes keeps one
   /// CPU busy for up to `lane_spin`, whether or not another load comes; on a two-core
@@ -56,8 +74,8 @@ struct ConnectorOptions {
   ///
   /// Why: under OS placement a lane woken by the engine's scheduler thread lands on
   /// whichever CPU the kernel picks, and on a small VM that choice (the scheduler's CPU or
-  /// a halted vCPU) changes a one-chunk load's cost by 2-3x and sticks for the run
-  /// (bench/README.md, issue 12). Lanes on CPUs of their own, apart from the scheduler
+  /// a halted vCPU) changes a one-chunk load's cost severalfold and sticks for the run
+  /// (bench/README.md#placement). Lanes on CPUs of their own, apart from the scheduler
   /// thread, pay the same hand-off on every load, and their copies never compete with the
   /// scheduler for a core. Give the lanes CPUs the engine's own threads do not use.
   std::vector<unsigned> lane_cpus{};
@@ -66,10 +84,17 @@ struct ConnectorOptions {
 /// Counters of one connector. Read from any thread (relaxed atomics): a snapshot, not a fence.
 struct ConnectorStats {
   std::size_t lanes = 0;                 ///< lanes this composition runs (2 without state, 3 with a concurrent one)
-  std::size_t standing_staging_bytes = 0;  ///< exactly lanes x staging buffer (R12)
+  /// Exactly what the staging pool allocated (R12): the load lane's and (with a concurrent
+  /// state leg) the state lane's buffer of `staging_bytes` each, plus the save lane's buffer
+  /// of max(`staging_bytes`, `save_staging_chunks` chunks).
+  std::size_t standing_staging_bytes = 0;
   std::uint64_t loads = 0;               ///< loads accepted
   std::uint64_t saves = 0;               ///< saves accepted (KV and state)
   std::uint64_t fence_fallbacks = 0;     ///< steps that degraded to a device synchronize (R13)
+  /// KV saves with more chunks than the save lane's staging holds: gathered and put in
+  /// batches, so their blocks stayed pinned until all but the last batch were put
+  /// (ConnectorOptions::save_staging_chunks).
+  std::uint64_t staging_fallbacks = 0;
 };
 
 namespace detail {
@@ -99,6 +124,9 @@ class Connector {
   using group_type = Group;
   using runtime_type = R;
   static constexpr StateOrdering ordering = StateLeg::ordering;
+  /// The model's state layout, as the state leg names it: what the engine plans by
+  /// (CoordinatorOptions::layout, PlanInput::layout).
+  static constexpr StateLayout layout = StateLeg::layout;
   static constexpr bool has_state = ordering != StateOrdering::none;
   static constexpr bool has_state_lane = ordering == StateOrdering::concurrent;
   /// Lane indices, also the index of each lane's staging buffer and emitter.
@@ -123,7 +151,7 @@ class Connector {
         kv_leg_(std::move(kv_leg)),
         state_leg_(std::move(state_leg)),
         emitters_(std::move(emitters)),
-        staging_(runtime, lane_count, staging_size(geometry_, options)),
+        staging_(runtime, staging_sizes(geometry_, options)),
         chunk_mask_(geometry_.max_chunks_per_load, 0),
         held_views_(geometry_.max_chunks_per_load),
         fence_(runtime),
@@ -179,6 +207,8 @@ class Connector {
   /// `stored`. Rank thread only; noexcept.
   void save_kv(KvSave save) noexcept {
     saves_.fetch_add(1, std::memory_order_relaxed);
+    if (save.chunk_keys.size() > staging_.buffer_bytes(save_lane) / geometry_.chunk_bytes())
+      staging_fallbacks_.fetch_add(1, std::memory_order_relaxed);
     save_lane_.submit([this, s = std::move(save)]() mutable noexcept {
       run_save(s.key, [&](LaneContext<R>& lane) { return kv_leg_.save(s, lane); });
     });
@@ -210,8 +240,12 @@ class Connector {
 
   /// A snapshot of the counters. Thread-safe, wait-free.
   [[nodiscard]] ConnectorStats stats() const noexcept {
-    return ConnectorStats{lane_count, staging_.standing_bytes(), loads_.load(std::memory_order_relaxed),
-                          saves_.load(std::memory_order_relaxed), fence_.stats().fallback_steps};
+    return ConnectorStats{lane_count,
+                          staging_.standing_bytes(),
+                          loads_.load(std::memory_order_relaxed),
+                          saves_.load(std::memory_order_relaxed),
+                          fence_.stats().fallback_steps,
+                          staging_fallbacks_.load(std::memory_order_relaxed)};
   }
 
   /// This rank's geometry.
@@ -227,6 +261,12 @@ class Connector {
       throw Error(ErrorCode::invalid_argument, "ConnectorOptions::lane_spin must be >= 0 ns, got " +
                                                    std::to_string(options.lane_spin.count()) + " ns");
     detail::check_cpus(options.lane_cpus, "ConnectorOptions::lane_cpus");
+    if (options.save_staging_chunks == 0)
+      throw Error(ErrorCode::invalid_argument, "ConnectorOptions::save_staging_chunks must be >= 1, got 0");
+    if (options.save_staging_chunks > SIZE_MAX / geometry.chunk_bytes())
+      throw Error(ErrorCode::invalid_argument, "ConnectorOptions::save_staging_chunks (" +
+                                                   std::to_string(options.save_staging_chunks) + ") x a chunk of " +
+                                                   std::to_string(geometry.chunk_bytes()) + " bytes overflows size_t");
     if (memory.kv_blocks == nullptr) throw Error(ErrorCode::invalid_argument, "DeviceMemory::kv_blocks is null");
     if (has_state && geometry.num_slots == 0)
       throw Error(ErrorCode::invalid_argument, "num_slots must be > 0 for a stateful connector, got 0");
@@ -251,6 +291,16 @@ class Connector {
     if (options.staging_bytes != 0) return options.staging_bytes;
     if constexpr (has_state) return std::max(geometry.chunk_bytes(), StateLeg::entry_bytes(geometry));
     else return geometry.chunk_bytes();
+  }
+
+  /// One buffer per lane, indexed like the lanes: every lane gets staging_size; the save
+  /// lane at least save_staging_chunks whole chunks, so a save that fits is gathered whole
+  /// before its first put (validated() bounds the product).
+  static std::array<std::size_t, lane_count> staging_sizes(const RankGeometry& geometry, const ConnectorOptions& options) {
+    std::array<std::size_t, lane_count> sizes;
+    sizes.fill(staging_size(geometry, options));
+    sizes[save_lane] = std::max(sizes[save_lane], options.save_staging_chunks * geometry.chunk_bytes());
+    return sizes;
   }
 
   static Streams make_streams(R& runtime) {
@@ -311,7 +361,8 @@ class Connector {
   }
 
   /// The save lane's task: fence, gather, put, two SaveRecords. The leg reports the
-  /// source released as soon as its gather synchronized (before the put). On every other
+  /// source released as soon as its last gather synchronized (before its puts, when the
+  /// save fits the save lane's staging). On every other
   /// path (a failure, an exception, a leg that never says) the task synchronizes the
   /// lane's stream first (a device synchronize if that fails), so `released` is sent only
   /// once nothing can read the source; if even the device cannot synchronize, the guard
@@ -371,6 +422,7 @@ class Connector {
   Streams streams_;
   std::atomic<std::uint64_t> loads_{0};
   std::atomic<std::uint64_t> saves_{0};
+  std::atomic<std::uint64_t> staging_fallbacks_{0};
   // Lanes last: they are destroyed first, so queued tasks finish while everything they
   // touch is still alive.
   Lane load_lane_;

@@ -16,13 +16,13 @@
 //
 // Sleeping. An idle lane sleeps on a futex (detail::EventCount), not on a condition
 // variable: a glibc condition variable wakes its waiter into a mutex marked contended, and
-// the lane's next unlock then costs a second system call before the task even starts (about
-// 1 us of a 1 MiB load on one CPU, bench/README.md). So a hand-off costs the submitter one
-// futex wake, and the lane one futex wait.
+// the lane's next unlock then costs a second system call before the task even starts
+// (bench/README.md#fixed-cost). So a hand-off costs the submitter one futex wake, and the
+// lane one futex wait.
 //
 // Spin before sleeping (opt-in; off by default). A sleeping lane
-// costs a futex wake per hand-off, and on a VM whose other vCPU is halted that wake-up
-// takes 15-25 us (bench/README.md, issue 12). A lane built with spin > 0 polls for new
+// costs a futex wake per hand-off, and on a VM whose other vCPU is halted that wake-up is
+// slow (bench/README.md#fixed-cost). A lane built with spin > 0 polls for new
 // work for up to that long after it ran a task, before it goes back to sleep: a task
 // submitted meanwhile starts within about a microsecond and the submitter's notify finds
 // no sleeper (no syscall). The price is CPU: the lane's thread runs flat out for up to
@@ -33,8 +33,8 @@
 // Placement (opt-in; off by default). A lane may be given the CPUs its thread may run on.
 // Left to the OS, a lane woken by the scheduler thread lands wherever the kernel's wake-up
 // heuristics put it: on a small VM that is sometimes the CPU the scheduler is about to
-// leave and sometimes a halted vCPU that takes 15-25 us to wake, and the choice sticks
-// for the life of the thread (bench/README.md, issue 12). Pinning the lanes to CPUs of
+// leave and sometimes a halted vCPU that is slow to wake, and the choice sticks for the
+// life of the thread (bench/README.md#placement). Pinning the lanes to CPUs of
 // their own makes every hand-off the same kind: an engine that keeps its scheduler thread
 // on other CPUs gets the same cost on every load.
 #pragma once

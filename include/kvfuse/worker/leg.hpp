@@ -15,6 +15,7 @@
 #include <kvfuse/device/runtime.hpp>
 #include <kvfuse/bridge/load_request.hpp>
 #include <kvfuse/bridge/save_request.hpp>
+#include <kvfuse/bridge/state_layout.hpp>
 #include <kvfuse/tier/tier.hpp>
 #include <kvfuse/worker/rank_geometry.hpp>
 
@@ -28,7 +29,7 @@ struct DeviceMemory {
 };
 
 /// A save leg's way to say "nothing reads the source any more" the moment it knows (after
-/// the gather's synchronize, before the tier put), so the engine frees the source blocks
+/// the last gather's synchronize, before the tier puts), so the engine frees the source blocks
 /// long before the store lands (docs/reference.md#save-path). Calls after the first do nothing; a
 /// default-constructed one does nothing at all (load lanes). A leg that never calls it is
 /// still correct: the Connector synchronizes the lane's stream after the leg and releases.
@@ -54,7 +55,10 @@ template <Runtime R>
 struct LaneContext {
   R& runtime;
   typename R::Stream& stream;           ///< the lane's copy stream
-  std::span<std::byte> staging;         ///< the lane's staging buffer (R12: allocated at construction)
+  /// The lane's staging buffer (R12: allocated at construction). The save lane's holds at
+  /// least ConnectorOptions::save_staging_chunks KV chunks, so a save that fits is gathered
+  /// whole before its first put.
+  std::span<std::byte> staging;
   std::span<std::uint8_t> chunk_mask;   ///< per-chunk arrival mask, max_chunks_per_load long
   const RankGeometry& geometry;
   DeviceMemory memory;
@@ -100,7 +104,9 @@ concept KvLegFor = Runtime<R> && requires(L& leg, const KvSpec& spec, const KvSa
   { leg.save(save, lane) } -> std::same_as<SaveVerdict>;
 };
 
-/// A state leg: its ordering, and (unless ordering is none) load and save calls and the
+/// A state leg: its ordering, the model's state layout it moves (`L::layout`: none exactly
+/// when the ordering is none; the engine plans by the same value, so nothing guesses the
+/// layout from the scheduling), and (unless ordering is none) load and save calls and the
 /// size of one of its tier entries. `kv` is the same load's KV spec, or null for a
 /// state-only load, so the leg can check that the engine and the rank agree about where
 /// the KV leg ends (R11). `L::entry_bytes(geometry)` (static, noexcept) is the bytes one
@@ -108,7 +114,10 @@ concept KvLegFor = Runtime<R> && requires(L& leg, const KvSpec& spec, const KvSa
 /// larger of it and a KV chunk (R12).
 template <class L, class R>
 concept StateLegFor =
-    Runtime<R> && requires { { L::ordering } -> std::convertible_to<StateOrdering>; } &&
+    Runtime<R> && requires {
+      { L::ordering } -> std::convertible_to<StateOrdering>;
+      { L::layout } -> std::convertible_to<StateLayout>;
+    } && ((L::ordering == StateOrdering::none) == (L::layout == StateLayout::none)) &&
     (L::ordering == StateOrdering::none ||
      requires(L& leg, const StateSpec& spec, const KvSpec* kv, const StateSave& save, LaneContext<R>& lane,
               const RankGeometry& geometry) {

@@ -166,20 +166,30 @@ class PagedKv {
   }
 
   /// Gathers whole chunks out of the blocks through staging and puts them in the tier.
-  /// The source is released (lane.release_source) as soon as the last gather's
-  /// synchronize returned, before the last put: the engine frees the blocks while the
-  /// put runs. On a failure the leg returns at once and the Connector synchronizes and
-  /// releases. Noexcept, no allocation.
+  /// A save that fits lane.staging is gathered whole with one synchronize, and the source
+  /// is released (lane.release_source) right then, before the first put: the engine frees
+  /// the blocks while the puts run. A save of more chunks than staging holds goes in
+  /// batches of what fits, the short one first, so the last batch is full: the source is
+  /// released once that last batch's gather is synchronized, after the puts of all the
+  /// chunks before it, the fewest that staging allows. On a failure the leg returns at
+  /// once and the Connector synchronizes and releases. Noexcept, no allocation.
   template <Runtime R>
   SaveVerdict save(const KvSave& save, LaneContext<R>& lane) const noexcept {
     const RankGeometry& geo = lane.geometry;
     if (const Reason refused = check_kv_save(save, geo); refused != Reason::none) return {false, refused};
-    if (lane.staging.size() < geo.chunk_bytes()) return {false, Reason::kv_transfer_failed};
+    const std::size_t chunk_bytes = geo.chunk_bytes();
+    const std::size_t fits = lane.staging.size() / chunk_bytes;
+    if (fits == 0) return {false, Reason::kv_transfer_failed};
     const std::size_t blocks_per_chunk = geo.chunk_tokens / geo.block_tokens;
+    const std::size_t chunk_count = save.chunk_keys.size();
     bool stored = true;
-    for (std::size_t i = 0; i < save.chunk_keys.size(); ++i) {
+    // The short batch goes first, so the last one, whose gather frees the source, is full.
+    std::size_t batch = (chunk_count - 1) % fits + 1;
+    for (std::size_t first = 0; first < chunk_count; first += batch, batch = fits) {
+      // One gather for the batch: chunk i of it lands at i * chunk_bytes, and a run of
+      // consecutive blocks is one copy even across a chunk boundary.
       const bool copied = detail::for_each_block_run(
-          geo, lane.memory.kv_blocks, save.blocks.data() + i * blocks_per_chunk, blocks_per_chunk,
+          geo, lane.memory.kv_blocks, save.blocks.data() + first * blocks_per_chunk, batch * blocks_per_chunk,
           [&](std::byte* block, std::size_t offset, std::size_t bytes) noexcept {
             return lane.runtime.copy_async(lane.staging.data() + offset, block, bytes, lane.stream);
           });
@@ -187,8 +197,10 @@ class PagedKv {
       // synchronize that succeeded (a failed enqueue may follow earlier ones in flight).
       const bool drained = lane.runtime.synchronize(lane.stream);
       if (!copied || !drained) return {false, Reason::kv_transfer_failed};
-      if (i + 1 == save.chunk_keys.size()) lane.release_source();
-      stored = tier_->put(key_for(geo, save.chunk_keys[i]), lane.staging.first(geo.chunk_bytes())) && stored;
+      if (first + batch == chunk_count) lane.release_source();
+      for (std::size_t i = 0; i < batch; ++i)
+        stored = tier_->put(key_for(geo, save.chunk_keys[first + i]), lane.staging.subspan(i * chunk_bytes, chunk_bytes)) &&
+                 stored;
     }
     return {stored, stored ? Reason::none : Reason::kv_transfer_failed};
   }

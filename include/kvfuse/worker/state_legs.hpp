@@ -22,6 +22,7 @@ namespace kvfuse {
 /// state branch is compiled out (`if constexpr`), so the load path is a plain KV load.
 struct NoState {
   static constexpr StateOrdering ordering = StateOrdering::none;
+  static constexpr StateLayout layout = StateLayout::none;
 };
 
 /// Why a state spec cannot be served on this rank, or Reason::none (R11).
@@ -113,6 +114,7 @@ template <Tier T>
 class RecurrentState {
  public:
   static constexpr StateOrdering ordering = StateOrdering::concurrent;
+  static constexpr StateLayout layout = StateLayout::k3_recurrent;
   using tier_type = T;
   /// Loads and stores through `tier`, which must outlive the leg. Any thread, before use.
   explicit RecurrentState(T& tier) noexcept : tier_(&tier) {}
@@ -158,13 +160,16 @@ struct SlotSidecar {
 };
 
 /// DeepSeek-V4 slot state: runs after the KV leg on the load lane (page retrieve, sidecar
-/// validation, slot scatter, one record). A stateful DSV4 load must start from hbm = 0
-/// (the slot state is rebuilt together with the pages); a nonzero floor is refused.
-/// Built on `no_state_tier`, it behaves like RecurrentState without a tier (R14).
+/// validation, slot scatter, one record). The KV leg may start at any block-aligned HBM
+/// floor: the slot state at B depends only on the tokens before B, wherever their KV sits;
+/// the sidecar check (the stored entry's boundary hash and length match the spec) is what
+/// guards a wrong entry. Built on `no_state_tier`, it behaves like RecurrentState without
+/// a tier (R14).
 template <Tier T>
 class SlotState {
  public:
   static constexpr StateOrdering ordering = StateOrdering::after_kv;
+  static constexpr StateLayout layout = StateLayout::dsv4_slot;
   using tier_type = T;
   /// Loads and stores through `tier`, which must outlive the leg. Any thread, before use.
   explicit SlotState(T& tier) noexcept : tier_(&tier) {}
@@ -180,7 +185,6 @@ class SlotState {
   /// Validates the sidecar, then scatters the payload into the slot. Noexcept, no allocation.
   template <Runtime R>
   StateVerdict load(const StateSpec& spec, const KvSpec* kv, LaneContext<R>& lane) const noexcept {
-    if (kv != nullptr && kv->hbm != 0) return {StateOutcome::refused, Reason::nonzero_hbm_floor};
     const detail::StateFetch fetched = detail::fetch_state(tier_, spec, kv, lane);
     if (fetched.verdict) return *fetched.verdict;
     const TierView& view = fetched.view;
@@ -236,6 +240,8 @@ class StateAfterKv : public detail::LegTierType<Leg> {
 
  public:
   static constexpr StateOrdering ordering = StateOrdering::after_kv;
+  /// The wrapped leg's layout: the model is the same, only the scheduling changes.
+  static constexpr StateLayout layout = Leg::layout;
   using inner_type = Leg;
 
   /// Wraps `inner`. Any thread, before use; noexcept if moving Leg is.

@@ -24,11 +24,14 @@ struct LoadAcc {
 };
 
 /// Failure-dominant merge state of one save key. The entry's `reported` mask tracks the
-/// `stored` phase; `released` tracks the `released` phase, which settles on its own.
+/// `stored` phase; `released` tracks the `released` phase, which settles on its own. A dead
+/// rank's substitute `stored` report is neutral: a save is stored when every live rank stored
+/// it (and at least one did).
 struct SaveAcc {
   std::uint64_t released = 0;     ///< bit r set: rank r's `released` report (or its dead-rank substitute) is in
   bool released_settled = false;  ///< the `released` phase already went to the sink
-  bool not_stored = false;        ///< some rank did not store
+  bool not_stored = false;        ///< some live rank reported that it did not store
+  bool any_stored = false;        ///< some rank reported that it stored
   bool not_released = false;      ///< some rank could not confirm its source free
 };
 

@@ -115,7 +115,7 @@ constexpr auto age_seconds(std::string_view name, std::string_view help) {
 
 inline constexpr std::string_view index_prefix = "kvfuse_index";
 inline constexpr Field<IndexStats> index_fields[] = {
-    counter<&IndexStats::dispatched>("dispatched", "Loads admitted: load tickets issued by request_load."),
+    counter<&IndexStats::issued>("issued", "Load tickets issued by request_load (admissions)."),
     gauge<&IndexStats::in_flight>("in_flight", "Outstanding loads whose ticket was dispatched."),
     counter<&IndexStats::completed>("completed", "Loads settled as completed."),
     counter<&IndexStats::failed>("failed", "Loads settled as failed."),
@@ -128,9 +128,8 @@ inline constexpr Field<IndexStats> index_fields[] = {
     gauge<&IndexStats::indexed>("indexed_hashes", "State hashes indexed now."),
     counter<&IndexStats::hashes_evicted>("hashes_evicted", "State hashes evicted by the LRU cap."),
     counter<&IndexStats::hashes_retracted>("hashes_retracted", "State hashes forgotten because a load reported a genuine miss."),
-    counter<&IndexStats::hashes_dropped>("hashes_dropped", "State hashes not indexed for lack of memory."),
-    counter<&IndexStats::slots_released>("slots_released", "Orphan slots returned through the release callback."),
-    counter<&IndexStats::slot_release_errors>("slot_release_errors", "Slot release callbacks that threw."),
+    counter<&IndexStats::slots_freed>("slots_freed", "Orphan slots let go (through the slot-free callback, when the index has one)."),
+    counter<&IndexStats::slot_free_errors>("slot_free_errors", "Slot-free callbacks that threw."),
     counter<&IndexStats::invariant_violations>("invariant_violations", "Index stats reads whose audit failed."),
     gauge<&IndexStats::overdue>("overdue", "Loads the last report_overdue found in flight past its threshold."),
     counter<&IndexStats::saves_issued>("saves_issued", "Save tickets issued by request_save."),
@@ -151,14 +150,20 @@ inline constexpr Field<CoordinatorStats> coordinator_fields[] = {
     counter<&CoordinatorStats::unparked_with_tokens>("unparked_with_tokens", "Unpark events that resumed from a load."),
     counter<&CoordinatorStats::transport_drops>("transport_drops", "Loads and saves the transport dropped."),
     counter<&CoordinatorStats::torn_down>("torn_down", "teardown calls on a parked request."),
-    counter<&CoordinatorStats::released>("released", "Release events handed out (blocks and slot free)."),
+    counter<&CoordinatorStats::freed>("freed", "Freed events handed out, one per admission (blocks and slot free)."),
     counter<&CoordinatorStats::saves_submitted>("saves_submitted", "KV and state saves sent."),
     counter<&CoordinatorStats::saves_skipped>("saves_skipped", "finish calls that saved nothing."),
     gauge<&CoordinatorStats::waiting_now>("waiting", "Requests parked now."),
     gauge<&CoordinatorStats::holding_now>("holding", "Requests whose resources wait for their ranks now."),
     gauge<&CoordinatorStats::overdue>("overdue", "Loads the last tick found in flight past the threshold."),
     counter<&CoordinatorStats::sources_pinned>("sources_pinned", "Saves whose source some rank could not confirm free, kept pinned."),
-    counter<&CoordinatorStats::state_legs_released>("state_legs_released", "Admissions where a P/D sub won and a servable state leg was released."),
+    counter<&CoordinatorStats::state_legs_waived>("state_legs_waived", "Admissions where a P/D sub won and a servable state leg was waived."),
+    counter<&CoordinatorStats::checkpoints_planned>("checkpoints_planned", "Prefill checkpoints handed out in admit decisions."),
+    counter<&CoordinatorStats::checkpoints_saved>("checkpoints_saved", "State checkpoints sent to the ranks."),
+    counter<&CoordinatorStats::checkpoints_deduplicated>("checkpoints_deduplicated", "Checkpoints not sent: their hash was served or being saved."),
+    counter<&CoordinatorStats::progress_saves>("progress_saves", "save_progress calls that sent something."),
+    counter<&CoordinatorStats::snapshots_returned>("snapshots_returned", "Snapshot slots handed back in a step."),
+    gauge<&CoordinatorStats::snapshots_held>("snapshots_held", "Snapshot slots some rank may still read now."),
     counter<&CoordinatorStats::invariant_violations>("invariant_violations", "Coordinator stats audits that failed, plus double unparks."),
 };
 
@@ -205,10 +210,12 @@ inline constexpr Field<RankQueueStats> queue_fields[] = {
 inline constexpr std::string_view connector_prefix = "kvfuse_connector";
 inline constexpr Field<ConnectorStats> connector_fields[] = {
     gauge<&ConnectorStats::lanes>("lanes", "Lanes the connector runs."),
-    gauge<&ConnectorStats::standing_staging_bytes>("staging_bytes", "Standing staging memory: lanes times the staging buffer."),
+    gauge<&ConnectorStats::standing_staging_bytes>("staging_bytes", "Standing staging memory: every lane's buffer, the save lane's included."),
     counter<&ConnectorStats::loads>("loads", "Loads accepted."),
     counter<&ConnectorStats::saves>("saves", "KV and state saves accepted."),
     counter<&ConnectorStats::fence_fallbacks>("fence_fallbacks", "Steps whose save fence degraded to a device synchronize."),
+    counter<&ConnectorStats::staging_fallbacks>("staging_fallbacks",
+                                                "KV saves larger than the save lane's staging, gathered and put in batches."),
 };
 
 inline constexpr std::string_view save_fence_prefix = "kvfuse_save_fence";
@@ -259,7 +266,8 @@ inline constexpr Field<RedisTierStats> redis_tier_fields[] = {
     counter<&RedisTierStats::put_failures>("put_failures", "Puts that failed."),
     counter<&RedisTierStats::round_trips>("round_trips", "Exchanges with the server: one per get, batched get, put, contains, erase or SCAN page."),
     counter<&RedisTierStats::connects>("connects", "Connections opened."),
-    counter<&RedisTierStats::connect_failures>("connect_failures", "Connection attempts that failed."),
+    counter<&RedisTierStats::connect_failures>("connect_failures", "Connection attempts that were refused or failed."),
+    counter<&RedisTierStats::connect_timeouts>("connect_timeouts", "Connection attempts the server did not answer in time (a stopped server)."),
     counter<&RedisTierStats::dropped_connections>("dropped_connections", "Connections closed after a failure or timeout, or retired as stale."),
 };
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include <kvfuse/bridge/ids.hpp>
+#include <kvfuse/detail/linear_probe.hpp>
 #include <kvfuse/detail/npos.hpp>
 
 namespace kvfuse::detail {
@@ -38,10 +39,10 @@ namespace kvfuse::detail {
 /// A capped set of PrefixHash with least-recently-used eviction.
 ///
 /// Storage is one slot array, open-addressed with linear probing: a slot is a node {hash,
-/// prev, next} of the LRU list, whose links are slot indices. Deletion (erase, eviction)
-/// shifts later members of the probe run back into the hole, as FlatMap does, and repoints
-/// the moved node's list neighbours at its new slot; no tombstones, so lookups never slow
-/// down with churn. The load factor stays at or below 1/2: the array holds 2 * bit_ceil(cap)
+/// prev, next} of the LRU list, whose links are slot indices. Probing and deletion are
+/// detail/linear_probe.hpp, the algorithm FlatMap runs too: deletion (erase, eviction)
+/// shifts later members of the probe run back into the hole and repoints the moved node's
+/// list neighbours at its new slot; no tombstones, so lookups never slow down with churn. The load factor stays at or below 1/2: the array holds 2 * bit_ceil(cap)
 /// slots when full size (above a cap of 2^30, 2^32 - 2 slots, so that no slot index collides
 /// with the two reserved link values). It starts at 32 slots and doubles, or is allocated
 /// whole at construction with `preallocate`.
@@ -50,8 +51,15 @@ namespace kvfuse::detail {
 /// least recently used hash is evicted to make room (the set then holds fewer than `cap`
 /// hashes until a later growth succeeds), because a fixed array cannot take a higher load
 /// factor without long probe runs. The array holds at least two slots from construction, so
-/// the first hash always fits and the set never drops a hash (Outcome::dropped is not
-/// produced; it stays in the interface for OffloadIndex's counter).
+/// the first hash always fits and the set never fails to index a hash.
+///
+/// Eviction. With an eviction window of 1 (the default) the least recently used hash goes.
+/// With a window w > 1, each hash carries a weight (the tokens its checkpoint spares) in an
+/// array beside the slots, read only when evicting: the victim is the lightest of the w least
+/// recently used hashes (the least recent among equals), so a cold checkpoint that spares a
+/// long prefill outlives a cold one that spares a short one (Marconi's rule; every state entry
+/// of a model has the same size, so tokens per byte orders them as tokens do). Lookups never
+/// touch the weights.
 ///
 /// Two counts are kept by different code: `size()` by the slots filled and emptied,
 /// `lru_length()` by the list links. OffloadIndex compares them (and its own counter) on
@@ -65,7 +73,6 @@ class LruHashSet {
   enum class Outcome : std::uint8_t {
     inserted,  ///< the hash is new and now most recently used
     touched,   ///< the hash was present; it is now most recently used
-    dropped,   ///< no room for even one hash: not indexed (never produced by this layout)
   };
   /// What insert_or_touch did, and which hash it evicted to do it.
   struct InsertResult {
@@ -74,12 +81,14 @@ class LruHashSet {
     PrefixHash evicted_hash{};    ///< which one, when `evicted`
   };
 
-  /// A set holding at most `capacity` hashes (1 <= capacity <= 2^31; the caller checks).
-  /// With `preallocate`, the whole slot array is allocated here and no later call
-  /// allocates. May throw std::bad_alloc (construction only).
-  LruHashSet(std::size_t capacity, bool preallocate)
-      : capacity_(capacity), max_slots_(max_slots_for(capacity)) {
+  /// A set holding at most `capacity` hashes (1 <= capacity <= 2^31; the caller checks),
+  /// evicting the lightest of its `eviction_window` least recently used hashes (1: plain
+  /// LRU; >= 1, the caller checks). With `preallocate`, the whole slot array is allocated
+  /// here and no later call allocates. May throw std::bad_alloc (construction only).
+  LruHashSet(std::size_t capacity, bool preallocate, std::uint32_t eviction_window = 1)
+      : capacity_(capacity), max_slots_(max_slots_for(capacity)), window_(eviction_window) {
     slots_.assign(preallocate ? max_slots_ : std::min<std::size_t>(kMinSlots, max_slots_), kEmptySlot);
+    if (weighted()) weights_.assign(slots_.size(), 0);
   }
 
   /// The most hashes the set holds. O(1).
@@ -102,21 +111,29 @@ class LruHashSet {
     return true;
   }
 
-  /// Inserts `h` as most recently used, or touches it if present. At the cap, evicts the
-  /// least recently used hash first (or when the array must grow and cannot). Never throws.
-  /// O(1) amortised; a growth re-inserts every hash (counted as walk steps).
-  InsertResult insert_or_touch(PrefixHash h) noexcept {
+  /// Inserts `h` as most recently used, or touches it if present; `weight` (the tokens its
+  /// checkpoint spares) is kept for a weighted eviction and ignored otherwise. At the cap,
+  /// evicts first (see Eviction above; also when the array must grow and cannot). Never
+  /// throws. O(1) amortised, plus the window when it evicts; a growth re-inserts every hash
+  /// (counted as walk steps).
+  InsertResult insert_or_touch(PrefixHash h, std::uint32_t weight = 0) noexcept {
     InsertResult r;
-    // One probe answers both questions: is h here, and if not, which slot would take it.
-    std::uint32_t at = home_of(h, slots_.size());
-    for (;; at = next_slot(at)) {
-      if (slots_[at].prev == kEmpty) break;
-      if (slots_[at].hash == h) {
-        move_to_front(at);
-        r.outcome = Outcome::touched;
-        return r;
-      }
+    // One probe answers both questions: is h here, and if not, which slot would take it
+    // (the empty slot that ended the probe).
+    const Layout layout = view();
+    const std::size_t home = home_of(h, slots_.size());
+    std::size_t probe_end = home;  // the last member compared; the vacancy is the next empty slot
+    const std::size_t found = probe_find(layout, home, [&](std::size_t i) noexcept {
+      probe_end = i;
+      return slots_[i].hash == h;
+    });
+    if (found != slots_.size()) {
+      move_to_front(static_cast<std::uint32_t>(found));
+      if (weighted()) weights_[found] = weight;
+      r.outcome = Outcome::touched;
+      return r;
     }
+    std::uint32_t at = static_cast<std::uint32_t>(probe_vacancy(layout, probe_end));
     // At most one eviction: a set at its cap already has its full-size array (growth
     // keeps the load at or below 1/2, so reaching the cap took 2 * cap slots), and a set
     // that needs to grow holds at least one hash (it holds at least half of >= 2 slots).
@@ -130,6 +147,7 @@ class LruHashSet {
     }
     if (moved) at = first_empty(slots_.data(), slots_.size(), h);
     slots_[at].hash = h;
+    if (weighted()) weights_[at] = weight;
     ++filled_;
     list_push_front(at);
     return r;
@@ -239,22 +257,32 @@ class LruHashSet {
     return static_cast<std::uint32_t>(((std::hash<PrefixHash>{}(h) >> 32) * slot_count) >> 32);
   }
 
-  [[nodiscard]] std::uint32_t next_slot(std::uint32_t i) const noexcept {
-    return i + std::size_t{1} == slots_.size() ? 0 : i + 1;
+  // The slot array as linear_probe.hpp sees it: a slot is empty when its prev link says
+  // so; home = multiply-shift; a move repoints the node's list neighbours (relocate).
+  struct Layout {
+    LruHashSet* set;
+    Slot* slots;
+    std::size_t count;
+    [[nodiscard]] std::size_t slot_count() const noexcept { return count; }
+    [[nodiscard]] bool occupied(std::size_t i) const noexcept { return slots[i].prev != kEmpty; }
+    [[nodiscard]] std::size_t home_of(std::size_t i) const noexcept { return LruHashSet::home_of(slots[i].hash, count); }
+    void move(std::size_t from, std::size_t to) const noexcept {
+      set->relocate(static_cast<std::uint32_t>(from), static_cast<std::uint32_t>(to));
+    }
+  };
+  [[nodiscard]] Layout view() const noexcept {
+    return Layout{const_cast<LruHashSet*>(this), const_cast<Slot*>(slots_.data()), slots_.size()};
   }
 
-  static std::uint32_t first_empty(const Slot* slots, std::size_t slot_count, PrefixHash h) noexcept {
-    std::uint32_t i = home_of(h, slot_count);
-    while (slots[i].prev != kEmpty) i = i + std::size_t{1} == slot_count ? 0 : i + 1;
-    return i;
+  static std::uint32_t first_empty(Slot* slots, std::size_t slot_count, PrefixHash h) noexcept {
+    return static_cast<std::uint32_t>(probe_vacancy(Layout{nullptr, slots, slot_count}, home_of(h, slot_count)));
   }
 
   [[nodiscard]] std::uint32_t find_slot(PrefixHash h) const noexcept {
-    const Slot* slots = slots_.data();
-    for (std::uint32_t i = home_of(h, slots_.size());; i = next_slot(i)) {
-      if (slots[i].prev == kEmpty) return npos32;
-      if (slots[i].hash == h) return i;
-    }
+    const Layout layout = view();
+    const std::size_t at =
+        probe_find(layout, home_of(h, layout.count), [&](std::size_t i) noexcept { return layout.slots[i].hash == h; });
+    return at == layout.count ? npos32 : static_cast<std::uint32_t>(at);
   }
 
   void move_to_front(std::uint32_t n) noexcept {
@@ -263,27 +291,30 @@ class LruHashSet {
     list_push_front(n);
   }
 
+  [[nodiscard]] bool weighted() const noexcept { return window_ > 1; }
+
+  // The least recently used hash, or with a window the lightest of the window's least
+  // recently used ones (the least recent among equals).
   void evict_lru(InsertResult& r) noexcept {
-    const std::uint32_t victim = tail_;
+    std::uint32_t victim = tail_;
+    if (weighted()) {
+      std::uint32_t n = slots_[tail_].prev;
+      for (std::uint32_t seen = 1; seen < window_ && n != npos32; ++seen, n = slots_[n].prev)
+        if (weights_[n] < weights_[victim]) victim = n;
+    }
     r.evicted = true;
     r.evicted_hash = slots_[victim].hash;
     remove_slot(victim);
   }
 
-  // Unlinks slot n and empties it. Backward shift: a member later in the run moves into the
-  // hole unless its home lies cyclically in (hole, j], where moving it would put it before
-  // its home; each move repoints the moved node's list neighbours (or head_/tail_).
+  // Unlinks slot n and empties it by backward shift (probe_erase); each move repoints the
+  // moved node's list neighbours (or head_/tail_).
   void remove_slot(std::uint32_t n) noexcept {
     list_unlink(n);
-    std::uint32_t hole = n;
-    for (std::uint32_t j = next_slot(hole); slots_[j].prev != kEmpty; j = next_slot(j)) {
-      const std::uint32_t want = home_of(slots_[j].hash, slots_.size());
-      const bool home_between = hole <= j ? (hole < want && want <= j) : (hole < want || want <= j);
-      if (!home_between) {
-        relocate(j, hole);
-        hole = j;
-      }
-    }
+    // The unlinked node still reads as occupied (list_unlink leaves prev = npos32, not
+    // kEmpty), so the probe run stays whole while the shift walks it.
+    Layout layout = view();
+    const std::size_t hole = probe_erase(layout, n);
     slots_[hole] = kEmptySlot;
     --filled_;
   }
@@ -291,6 +322,7 @@ class LruHashSet {
   void relocate(std::uint32_t from, std::uint32_t to) noexcept {
     const Slot s = slots_[from];
     slots_[to] = s;
+    if (weighted()) weights_[to] = weights_[from];
     if (s.prev != npos32) slots_[s.prev].next = to; else head_ = to;
     if (s.next != npos32) slots_[s.next].prev = to; else tail_ = to;
   }
@@ -301,8 +333,10 @@ class LruHashSet {
   bool grow() noexcept {
     const std::size_t count = std::min(slots_.size() * 2, max_slots_);
     std::vector<Slot> fresh;
+    std::vector<std::uint32_t> fresh_weights;
     try {
       fresh.assign(count, kEmptySlot);
+      if (weighted()) fresh_weights.assign(count, 0);
     } catch (...) {
       return false;
     }
@@ -312,10 +346,12 @@ class LruHashSet {
       ++walks_;
       const std::uint32_t m = first_empty(fresh.data(), count, slots_[n].hash);
       fresh[m] = Slot{slots_[n].hash, prev, npos32};
+      if (weighted()) fresh_weights[m] = weights_[n];
       if (prev != npos32) fresh[prev].next = m; else head = m;
       prev = m;
     }
     slots_.swap(fresh);
+    weights_.swap(fresh_weights);
     head_ = head;
     tail_ = prev;
     return true;
@@ -340,7 +376,9 @@ class LruHashSet {
 
   std::size_t capacity_;
   std::size_t max_slots_;  // the full-size array: 2 * bit_ceil(capacity_), or 2^32 - 2
+  std::uint32_t window_;   // 1: LRU; more: the weighted eviction's window
   std::vector<Slot> slots_;
+  std::vector<std::uint32_t> weights_;  // beside slots_, same indices; empty unless weighted
   std::uint32_t head_ = npos32;  // most recently used
   std::uint32_t tail_ = npos32;  // least recently used
   std::size_t filled_ = 0;

@@ -127,9 +127,17 @@ class SigpipeBlock {
   bool was_pending_ = false;
 };
 
+/// Whether the I/O error hiredis just reported on `ctx` was a wait that ran out (the socket
+/// timeout: EAGAIN / EWOULDBLOCK on a blocking socket, or ETIMEDOUT) rather than a refusal
+/// or a lost peer. Call it right after the failing call, before anything else sets errno.
+inline bool timed_out_now(const redisContext* ctx) noexcept {
+  const int e = errno;
+  return ctx->err == REDIS_ERR_IO && (e == EAGAIN || e == EWOULDBLOCK || e == ETIMEDOUT);
+}
+
 /// Runs one command synchronously on a fresh connection during connect (AUTH, SELECT).
-/// Returns the reply, or null (with `why`) on an I/O error.
-inline Reply setup_command(redisContext* ctx, std::span<const std::string_view> args, std::string* why) {
+/// Returns the reply, or null (with `why`, and `*io` failed or timed_out) on an I/O error.
+inline Reply setup_command(redisContext* ctx, std::span<const std::string_view> args, std::string* why, Io* io) {
   std::vector<const char*> argv;
   std::vector<std::size_t> lens;
   for (const std::string_view a : args) {
@@ -141,15 +149,25 @@ inline Reply setup_command(redisContext* ctx, std::span<const std::string_view> 
   // lane reconnected.
   SigpipeBlock no_sigpipe;
   Reply r(static_cast<redisReply*>(redisCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data())));
-  if (!r && why != nullptr) *why = ctx->errstr;
+  if (!r) {
+    const bool timed_out = timed_out_now(ctx);
+    *io = timed_out ? Io::timed_out : Io::failed;
+    if (why != nullptr) *why = timed_out ? "no answer within the command timeout" : ctx->errstr;
+  }
   return r;
 }
 
 /// A new connection: connect (connect timeout), command timeout on the socket, AUTH,
 /// SELECT, PING. Null on any failure, with the reason in `*why` when `why` is given (AUTH's
-/// reason never quotes the password). Any thread; blocks up to the timeouts; allocates;
-/// noexcept (an allocation failure is a failed connect).
-inline std::unique_ptr<Connection> connect(const Endpoint& ep, std::string* why) noexcept {
+/// reason never quotes the password) and how it went in `*io` when `io` is given:
+/// timed_out when a wait ran out (the connect, or a set-up command's reply: a server that
+/// accepts connections but does not answer, such as a stopped process whose kernel still
+/// queues them), failed otherwise (refused, no such socket, an error reply, out of memory).
+/// Any thread; blocks up to the timeouts; allocates; noexcept.
+inline std::unique_ptr<Connection> connect(const Endpoint& ep, std::string* why, Io* io = nullptr) noexcept {
+  Io ignored = Io::failed;
+  if (io == nullptr) io = &ignored;
+  *io = Io::failed;
   try {
     auto conn = std::make_unique<Connection>();
     const timeval ct = to_timeval(ep.connect_timeout);
@@ -160,6 +178,7 @@ inline std::unique_ptr<Connection> connect(const Endpoint& ep, std::string* why)
       return nullptr;
     }
     if (conn->ctx->err != 0) {
+      if (timed_out_now(conn->ctx)) *io = Io::timed_out;
       if (why != nullptr) *why = conn->ctx->errstr;
       return nullptr;
     }
@@ -170,7 +189,8 @@ inline std::unique_ptr<Connection> connect(const Endpoint& ep, std::string* why)
     if (!ep.password.empty()) {
       const std::string_view with_user[] = {"AUTH", ep.user, ep.password};
       const std::string_view without[] = {"AUTH", ep.password};
-      Reply r = ep.user.empty() ? setup_command(conn->ctx, without, why) : setup_command(conn->ctx, with_user, why);
+      Reply r = ep.user.empty() ? setup_command(conn->ctx, without, why, io)
+                                : setup_command(conn->ctx, with_user, why, io);
       if (!r) return nullptr;
       if (r->type == REDIS_REPLY_ERROR) {
         if (why != nullptr) *why = "AUTH refused: " + std::string(r->str, r->len);
@@ -180,7 +200,7 @@ inline std::unique_ptr<Connection> connect(const Endpoint& ep, std::string* why)
     if (ep.db != 0) {
       const std::string db = std::to_string(ep.db);
       const std::string_view args[] = {"SELECT", db};
-      Reply r = setup_command(conn->ctx, args, why);
+      Reply r = setup_command(conn->ctx, args, why, io);
       if (!r) return nullptr;
       if (r->type == REDIS_REPLY_ERROR) {
         if (why != nullptr) *why = "SELECT " + db + " refused: " + std::string(r->str, r->len);
@@ -189,7 +209,7 @@ inline std::unique_ptr<Connection> connect(const Endpoint& ep, std::string* why)
     }
     {  // The server answers and lets us in (a server that wants a password refuses PING).
       const std::string_view args[] = {"PING"};
-      Reply r = setup_command(conn->ctx, args, why);
+      Reply r = setup_command(conn->ctx, args, why, io);
       if (!r) return nullptr;
       if (r->type == REDIS_REPLY_ERROR) {
         if (why != nullptr) *why = "PING refused: " + std::string(r->str, r->len);
@@ -281,9 +301,10 @@ class Pool {
     idle_.reserve(max_idle_);
   }
 
-  /// An idle connection (marked reused), or a new one; null if connecting failed (counted).
-  /// `fresh`: never an idle one. Any thread; noexcept; connects with no lock held.
-  std::unique_ptr<Connection> take(bool fresh = false) noexcept {
+  /// An idle connection (marked reused), or a new one; null if connecting failed or timed
+  /// out (counted apart; `*failure` says which). `fresh`: never an idle one. Any thread;
+  /// noexcept; connects with no lock held.
+  std::unique_ptr<Connection> take(bool fresh, Io* failure) noexcept {
     const std::uint64_t epoch = epoch_.load(std::memory_order_acquire);
     while (!fresh) {
       std::unique_ptr<Connection> conn;
@@ -299,9 +320,10 @@ class Pool {
       }
       dropped_.fetch_add(1, std::memory_order_relaxed);  // idle since before drop_idle: closed here, no lock held
     }
-    std::unique_ptr<Connection> conn = connect(endpoint_, nullptr);
+    std::unique_ptr<Connection> conn = connect(endpoint_, nullptr, failure);
     if (conn) conn->epoch = epoch;
-    (conn ? connects_ : connect_failures_).fetch_add(1, std::memory_order_relaxed);
+    (conn ? connects_ : *failure == Io::timed_out ? connect_timeouts_ : connect_failures_)
+        .fetch_add(1, std::memory_order_relaxed);
     return conn;
   }
 
@@ -328,6 +350,7 @@ class Pool {
   [[nodiscard]] const Endpoint& endpoint() const noexcept { return endpoint_; }
   [[nodiscard]] std::uint64_t connects() const noexcept { return connects_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t connect_failures() const noexcept { return connect_failures_.load(std::memory_order_relaxed); }
+  [[nodiscard]] std::uint64_t connect_timeouts() const noexcept { return connect_timeouts_.load(std::memory_order_relaxed); }
   [[nodiscard]] std::uint64_t dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
   /// Adopts a connection made elsewhere (the constructor's first one). Counted as a connect.
   void adopt(std::unique_ptr<Connection> conn) noexcept {
@@ -342,7 +365,7 @@ class Pool {
   std::mutex mutex_;
   std::vector<std::unique_ptr<Connection>> idle_;  // guarded by mutex_; capacity max_idle_
   std::atomic<std::uint64_t> epoch_{0};
-  std::atomic<std::uint64_t> connects_{0}, connect_failures_{0}, dropped_{0};
+  std::atomic<std::uint64_t> connects_{0}, connect_failures_{0}, connect_timeouts_{0}, dropped_{0};
 };
 
 }  // namespace kvfuse::detail::redis
