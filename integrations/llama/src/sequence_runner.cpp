@@ -214,8 +214,9 @@ Sequence SequenceRunner::resume(TokenCount boundary, const std::byte* pool, std:
                                              " bytes at boundary " + std::to_string(boundary));
   // A state snapshotted at another boundary can carry its own positions (deepseek4's
   // window does); llama.cpp would refuse the next token only later, with a less telling
-  // message. (A hybrid model reports the positions of its attention cache here, so a
-  // kimi-k3 KDA state of another boundary is not caught: its bytes are all there is.)
+  // message. (A hybrid model reports the lower of its two caches' last positions, so a
+  // kimi-k3 KDA state of an earlier boundary is caught here and one of a later boundary is
+  // not: the KDA state's bytes say nothing else about where it was taken.)
   const llama_pos last = llama_memory_seq_pos_max(llama_get_memory(sequence.context_), 0);
   if (last + 1 != static_cast<llama_pos>(boundary))
     throw Error(ErrorCode::corrupt_data, "the rebuilt sequence ends at position " + std::to_string(last) +
