@@ -113,6 +113,7 @@ struct Served {
   bool stranded = false;           ///< the ranks did not answer within rank_timeout
   double ttft_seconds = 0;         ///< from serve() to the first token's logits
   double load_seconds = 0;         ///< admission to unpark (0 without a load)
+  double rebuild_seconds = 0;      ///< the sequence's context made and, when resumed, its blob rebuilt and set
 };
 
 /// What must be zero at the end of a run, read by audit().
@@ -344,14 +345,14 @@ class Engine {
       for (TokenCount b = block; b + 1 <= P; b += block) candidates.push_back(Checkpoint{b, prompt_hashes.state_hash(b)});
     const std::optional<SlotId> slot = stateful ? std::optional<SlotId>(request_slot) : std::nullopt;
 
+    const auto admitted_at = Clock::now();
     const AdmitDecision d = coordinator_.admit(AdmitRequest{a.id, P, s.hbm, prompt_keys, a.table, candidates, slot});
     a.admission = d.admission;
     TokenCount resume = stateful ? 0 : s.hbm;  // a dense model resumes from its cached KV alone
     if (d.parked) {
       s.load = kind_of(d.plan);
-      const auto parked_at = Clock::now();
       const std::optional<Unpark> u = wait_for_unpark(a.id);
-      s.load_seconds = seconds_since(parked_at);
+      s.load_seconds = seconds_since(admitted_at);
       if (!u) {
         s.stranded = true;
         ++stranded_;
@@ -368,6 +369,7 @@ class Engine {
 
     // The sequence at `resume`, rebuilt from the blocks and the request's slot.
     std::optional<Sequence> sequence;
+    const auto rebuilding_at = Clock::now();
     if (resume > 0) {
       try {
         sequence.emplace(runner_.resume(resume, pools_.blocks, std::span(a.table).first(resume / block), slot_bytes(slot)));
@@ -383,6 +385,7 @@ class Engine {
       }
     }
     if (!sequence) sequence.emplace(runner_.start());
+    s.rebuild_seconds = seconds_since(rebuilding_at);
     s.resumed_at = resume;
     s.from_hbm = std::min(resume, s.hbm);
     s.from_tier = resume - s.from_hbm;
