@@ -18,7 +18,7 @@ LLAMA_ARGS ?=
 demo: deps
 	cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) -DKVFUSE_BUILD_BENCH=OFF
 	cmake --build build/release --target kvfuse_replay kvfuse_llama_app -j $(JOBS)
-	./build/release/examples/kvfuse-replay --two-pass $(REPLAY_ARGS)
+	./build/release/apps/replay/kvfuse-replay --two-pass $(REPLAY_ARGS)
 	OMP_WAIT_POLICY=PASSIVE ./build/release/integrations/llama/kvfuse-llama $(LLAMA_ARGS)
 
 # The whole suite: -Werror build + ctest, then again under ASan+UBSan, then the
@@ -32,13 +32,13 @@ test-plain:
 
 test-asan:
 	cmake -S . -B build/asan -DCMAKE_BUILD_TYPE=Debug $(CMAKE_COMMON) -DKVFUSE_SANITIZE=address,undefined \
-	  -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=ON -DCMAKE_CXX_FLAGS=-O1
+	  -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=ON -DKVFUSE_BUILD_APPS=ON -DCMAKE_CXX_FLAGS=-O1
 	cmake --build build/asan -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build/asan --output-on-failure -j $(JOBS)
 
 test-tsan:
 	cmake -S . -B build/tsan -DCMAKE_BUILD_TYPE=Debug $(CMAKE_COMMON) -DKVFUSE_SANITIZE=thread \
-	  -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=ON -DCMAKE_CXX_FLAGS=-O1
+	  -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=ON -DKVFUSE_BUILD_APPS=ON -DCMAKE_CXX_FLAGS=-O1
 	cmake --build build/tsan -j $(JOBS)
 	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan --output-on-failure -j $(JOBS)
 

@@ -479,7 +479,7 @@ def main() -> int:
     ap.add_argument("--min-time", default="0.1", help="--benchmark_min_time for every binary (default 0.1)")
     ap.add_argument("--repetitions", type=int, default=3, help="--benchmark_repetitions (default 3)")
     ap.add_argument("--filter", help="--benchmark_filter for every binary (a quick look at a few rows)")
-    ap.add_argument("--replay", default="build/release/examples/kvfuse-replay", help="the kvfuse-replay binary")
+    ap.add_argument("--replay", default="build/release/apps/replay/kvfuse-replay", help="the kvfuse-replay binary")
     ap.add_argument("--no-replay", action="store_true", help="skip the replay runs")
     ap.add_argument("--trace", default="traces/mooncake_synthetic_trace.jsonl", help="the trace the replay runs")
     ap.add_argument("--replay-limit", type=int, default=300, help="requests of the throughput run (default 300)")

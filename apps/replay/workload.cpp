@@ -1,59 +1,21 @@
-// kvfuse-replay: the requests to replay. Two sources: built-in agentic sessions (each turn
-// extends its session's conversation), or a trace in the Mooncake JSONL format, parsed with
-// nlohmann::json. Each request carries one chunk key per chunk of its prompt and output:
-// equal keys mean equal tokens, which is what lets the tier share KV between requests.
-#pragma once
-
-#include "content.hpp"
-
-#include <kvfuse/bridge/ids.hpp>
+// kvfuse-replay: reading a Mooncake trace and making the built-in sessions (workload.hpp).
+#include "workload.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstdint>
 #include <fstream>
 #include <random>
-#include <stdexcept>
-#include <string>
 #include <unordered_set>
-#include <vector>
+#include <utility>
 
 namespace replay {
 
-using kvfuse::TokenCount;
+namespace {
 
-/// Tokens per tier chunk: the trace's hash_ids are 512-token blocks, one chunk each.
-inline constexpr std::uint32_t chunk_tokens = 512;
+using kvfuse::detail::mix64;
 
-/// One request of the workload.
-struct Request {
-  std::uint64_t index = 0;       ///< position in the workload (arrival order)
-  double arrival_ms = 0;         ///< simulated arrival time
-  TokenCount prompt_tokens = 0;  ///< P
-  TokenCount output_tokens = 0;  ///< tokens decoded after the prompt
-  std::vector<kvfuse::PrefixHash> chunk_keys;  ///< one per chunk of [0, P + output)
-  std::uint64_t reuse_bound = 0; ///< trace: tokens an unlimited cache could reuse (see read_trace)
-  std::uint64_t session = 0;     ///< sessions: which conversation
-};
-
-/// What to replay.
-struct Workload {
-  std::string source;                 ///< "sessions" or the trace's path
-  bool from_trace = false;
-  std::vector<Request> requests;
-  std::uint64_t prompt_tokens = 0;    ///< sum of P
-  std::uint64_t reuse_bound = 0;      ///< trace: sum of the per-request bounds
-  std::size_t max_request_tokens = 0; ///< the longest P + output
-};
-
-/// Bad input: the message names the file, line and value.
-struct InputError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-namespace detail {
-inline std::uint64_t count_field(const nlohmann::json& line, const char* name, std::size_t line_no, const std::string& path,
+std::uint64_t count_field(const nlohmann::json& line, const char* name, std::size_t line_no, const std::string& path,
                                  bool allow_zero) {
   const auto it = line.find(name);
   if (it == line.end())
@@ -64,25 +26,16 @@ inline std::uint64_t count_field(const nlohmann::json& line, const char* name, s
   return it->get<std::uint64_t>();
 }
 
-inline void finish(Workload& w) {
+void finish_totals(Workload& w) {
   for (const Request& r : w.requests) {
     w.prompt_tokens += r.prompt_tokens;
     w.reuse_bound += r.reuse_bound;
     w.max_request_tokens = std::max<std::size_t>(w.max_request_tokens, r.prompt_tokens + r.output_tokens);
   }
 }
-}  // namespace detail
+}  // namespace
 
-/// Reads the first `limit` requests (0: all) of a Mooncake-format trace: one JSON object per
-/// line with `timestamp` (ms), `input_length`, `output_length` and `hash_ids` (one id per
-/// 512-token prompt block; equal ids at the same position share KV). Chunk i of the prompt
-/// gets key f(hash_ids[i], i) when the prompt covers it whole; a chunk that holds the
-/// prompt's tail or any output token gets a key of its own (those tokens are this request's).
-/// The reuse bound follows the trace's README: the leading run of already-seen ids, in
-/// whole 512-token blocks, capped at input_length - 1. Throws InputError naming the line
-/// and what was expected for a malformed line, hash_ids of another length than
-/// ceil(input_length / 512) included.
-inline Workload read_trace(const std::string& path, std::size_t limit) {
+Workload read_trace(const std::string& path, std::size_t limit) {
   std::ifstream in(path);
   if (!in) throw InputError("cannot open trace \"" + path + "\"");
   Workload w;
@@ -111,8 +64,8 @@ inline Workload read_trace(const std::string& path, std::size_t limit) {
     r.index = w.requests.size();
     r.arrival_ms = std::max(last_arrival, ts->get<double>());
     last_arrival = r.arrival_ms;
-    r.prompt_tokens = detail::count_field(line, "input_length", line_no, path, false);
-    r.output_tokens = detail::count_field(line, "output_length", line_no, path, true);
+    r.prompt_tokens = count_field(line, "input_length", line_no, path, false);
+    r.output_tokens = count_field(line, "output_length", line_no, path, true);
     const auto ids = line.find("hash_ids");
     if (ids == line.end() || !ids->is_array())
       throw InputError(path + ":" + std::to_string(line_no) + ": field \"hash_ids\" must be an array");
@@ -144,14 +97,11 @@ inline Workload read_trace(const std::string& path, std::size_t limit) {
   }
   if (in.bad()) throw InputError("cannot read trace \"" + path + "\"");
   if (w.requests.empty()) throw InputError("trace \"" + path + "\" holds no requests");
-  detail::finish(w);
+  finish_totals(w);
   return w;
 }
 
-/// Built-in agentic sessions: `sessions` conversations of `turns` turns each. Every turn's
-/// prompt is the conversation so far (the previous prompt and its output) plus new user
-/// tokens, so turn t+1 can reuse all of turn t. Seeded: the same seed gives the same workload.
-inline Workload make_sessions(std::uint64_t seed, std::size_t sessions, std::size_t turns) {
+Workload make_sessions(std::uint64_t seed, std::size_t sessions, std::size_t turns) {
   std::mt19937_64 rng(seed);
   auto uniform = [&](std::uint64_t lo, std::uint64_t hi) { return lo + rng() % (hi - lo + 1); };
   Workload w;
@@ -176,7 +126,7 @@ inline Workload make_sessions(std::uint64_t seed, std::size_t sessions, std::siz
   std::stable_sort(w.requests.begin(), w.requests.end(),
                    [](const Request& a, const Request& b) { return a.arrival_ms < b.arrival_ms; });
   for (std::size_t i = 0; i < w.requests.size(); ++i) w.requests[i].index = i;
-  detail::finish(w);
+  finish_totals(w);
   return w;
 }
 

@@ -4,8 +4,14 @@
 // agentic sessions or a Mooncake-format trace — with seeded faults, check every byte each
 // load restores, and print what happened. Exit status: 0 when the numbers that must be zero
 // are zero, 1 when one is not, 2 for bad arguments or input.
-#include "cluster.hpp"
+//
+// This file is the command line. The models, the tiers and the faults are tables
+// (models.cpp, tiers.hpp, faults.cpp); one pass is engine.cpp; the report is report.hpp.
+#include "engine.hpp"
+#include "faults.hpp"
+#include "models.hpp"
 #include "report.hpp"
+#include "tiers.hpp"
 #include "workload.hpp"
 
 #include <CLI/CLI.hpp>
@@ -21,7 +27,6 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -58,35 +63,32 @@ void write_whole(const std::string& path, const std::string& text) {
   std::filesystem::rename(tmp, path);
 }
 
-template <class Cl>
-RunResult run_one(const std::string& model, std::uint64_t id, const Workload& w, RunOptions o, Progress& progress,
-                  const std::filesystem::path& root, const std::string& pass) {
-  o.dir = root / (model + "-" + pass);
-#if KVFUSE_REPLAY_WITH_REDIS
-  if (o.redis) {  // each pass its own keys: k3, multi and k3 after KV share a model id
-    std::string tag = model + "-" + pass;
-    std::replace(tag.begin(), tag.end(), ' ', '_');
-    o.redis->key_prefix += tag + ":";
-  }
-#endif
-  std::filesystem::create_directories(o.dir);
-  progress.begin(model + (pass == "offload" ? "" : " (" + pass + ")"));
+/// Runs one pass of `model` in a directory of its own under `root`.
+RunResult run_one(const Model& model, const Workload& w, RunOptions o, Progress& progress, const std::filesystem::path& root,
+                  const std::string& pass) {
+  std::string tag = std::string(model.name) + "-" + pass;
+  std::replace(tag.begin(), tag.end(), ' ', '_');
+  o.tier_options.dir = root / tag;
+  o.tier_options.pass = tag;  // a shared server keeps each pass's keys apart (k3, multi and k3-serial share a model id)
+  std::filesystem::create_directories(o.tier_options.dir);
+  progress.begin(std::string(model.name) + (pass == "offload" ? "" : " (" + pass + ")"));
   o.progress = [&](std::size_t done, std::size_t total, std::size_t in_flight) { progress.update(done, total, in_flight); };
-  RunResult r = Cl(model, id, w, o).run();
+  RunResult r = replay_pass(model, w, o);
   progress.end();
-  std::filesystem::remove_all(o.dir);
+  std::filesystem::remove_all(o.tier_options.dir);
   return r;
 }
 
-template <class Cl>
-ModelReport run_model(const std::string& model, std::uint64_t id, const Workload& w, const RunOptions& o, bool two_pass,
-                      Progress& progress, const std::filesystem::path& root) {
+/// A model's passes: offload on; offload off when `two_pass`; its comparison entry's.
+ModelReport run_model(const Model& model, const Workload& w, const RunOptions& o, bool two_pass, Progress& progress,
+                      const std::filesystem::path& root) {
   ModelReport m;
-  m.run = run_one<Cl>(model, id, w, o, progress, root, "offload");
+  m.model = &model;
+  m.run = run_one(model, w, o, progress, root, "offload");
   if (two_pass) {
     RunOptions off = o;
     off.offload = false;
-    const RunResult base = run_one<Cl>(model, id, w, off, progress, root, "offload off");
+    const RunResult base = run_one(model, w, off, progress, root, "offload off");
     m.two_pass = true;
     for (std::size_t i = 0; i < base.outputs.size(); ++i)
       if (base.outputs[i] != 0 && m.run.outputs[i] != 0) {
@@ -94,6 +96,7 @@ ModelReport run_model(const std::string& model, std::uint64_t id, const Workload
         m.two_pass_delta += base.outputs[i] != m.run.outputs[i];
       }
   }
+  if (!model.comparison.empty()) m.comparison = run_one(*find_model(model.comparison), w, o, progress, root, "offload");
   return m;
 }
 
@@ -141,16 +144,30 @@ const CLI::Validator positive(
 
 int main(int argc, char** argv) {
   CLI::App app{"kvfuse-replay: replays a workload through kvfuse's offload tier, with faults, and checks every byte"};
-  std::vector<std::string> models{"dense", "dsv4", "k3", "multi"};
+  std::vector<std::string> selectable, tier_names;
+  std::string model_help = "models to replay:", tier_help = "each rank's tier:", fault_help = "comma-separated:";
+  for (const Model& m : model_table())
+    if (m.selectable) {
+      selectable.emplace_back(m.name);
+      model_help += (selectable.size() > 1 ? ", " : " ") + std::string(m.name) + " (" + std::string(m.what) +
+                    (m.comparison.empty() ? "" : "; " + std::string(m.comparison) + " beside it") + ")";
+    }
+  for (const TierKind& t : tier_kinds()) {
+    tier_names.emplace_back(t.name);
+    tier_help += (tier_names.size() > 1 ? ", " : " ") + std::string(t.name) + " (" + std::string(t.what) + ")";
+  }
+  // Without hiredis the choice stays, and says how to get it.
+  if (std::find(tier_names.begin(), tier_names.end(), "redis") == tier_names.end()) tier_names.emplace_back("redis");
+  for (const Fault& f : fault_table()) fault_help += (&f == &fault_table().front() ? " " : ", ") + std::string(f.name);
+  fault_help += "; all; none";
+  std::vector<std::string> models = selectable;
   std::string dir = std::filesystem::temp_directory_path().string(), trace, tier = "memory+disk", capacity = "1MiB", faults = "all", json_out, metrics_out;
   std::size_t limit = 0, sessions = 24, turns = 6;
   std::uint64_t seed = 1;
   std::uint32_t ranks = 8, blocks = 0, slots = 16;
   double speed = 0;
   bool two_pass = false, sync_saves = false;
-  app.add_option("--model", models, "models to replay: dense, dsv4, k3, multi ([P/D loopback, offload(K3)])")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"dense", "dsv4", "k3", "multi"}));
+  app.add_option("--model", models, model_help)->delimiter(',')->check(CLI::IsMember(selectable));
   app.add_option("--trace", trace, "a Mooncake-format JSONL trace (default: built-in agentic sessions)")->check(CLI::ExistingFile);
   app.add_option("--limit", limit, "replay the first N requests of the trace")->check(positive);
   app.add_option("--sessions", sessions, "built-in workload: conversations")->check(positive);
@@ -160,8 +177,7 @@ int main(int argc, char** argv) {
       ->check(positive);
   app.add_option("--ranks", ranks, "tensor-parallel ranks, each a set of threads")->check(CLI::Range(1, 64));
   std::string redis_address;
-  app.add_option("--tier", tier, "each rank's tier: memory+disk (a MemoryTier in front of a DiskTier), memory, or redis")
-      ->check(CLI::IsMember({"memory+disk", "memory", "redis"}));
+  app.add_option("--tier", tier, tier_help)->check(CLI::IsMember(tier_names));
   app.add_option("--redis", redis_address, "with --tier redis: the server, unix:PATH or HOST:PORT");
   app.add_option("--tier-capacity", capacity, "bytes of each rank's memory tier (1MiB, 64KiB, ...) or unlimited");
   app.add_option("--blocks", blocks, "device KV blocks of 64 tokens per rank (default: twice the longest request)")
@@ -169,7 +185,7 @@ int main(int argc, char** argv) {
   app.add_option("--slots", slots, "device state slots per rank")->check(CLI::Range(1, 4096));
   app.add_option("--dir", dir, "where the disk tiers live (a temporary directory under it, removed at exit)")
       ->check(CLI::ExistingDirectory);
-  app.add_option("--faults", faults, "comma-separated: evict, slow, state-miss, death, abort, preempt, reopen, corrupt; all; none");
+  app.add_option("--faults", faults, fault_help);
   app.add_flag("--two-pass", two_pass, "replay each model with offload off, then on, and compare every request's output");
   app.add_flag("--sync-saves", sync_saves, "every request's saves land before the next request arrives");
   app.add_option("--json", json_out, "write the report as JSON to FILE");
@@ -188,12 +204,14 @@ int main(int argc, char** argv) {
   o.seed = seed;
   o.speed = speed;
   o.sync_saves = sync_saves;
-  o.disk = tier == "memory+disk";
+  const std::vector<TierKind> kinds = tier_kinds();
+  o.tier = static_cast<std::size_t>(
+      std::find_if(kinds.begin(), kinds.end(), [&](const TierKind& k) { return k.name == tier; }) - kinds.begin());
   if (tier == "redis" && redis_address.empty()) return usage_error(app, "--tier redis: needs --redis unix:PATH or HOST:PORT");
   if (tier != "redis" && !redis_address.empty()) return usage_error(app, "--redis: only with --tier redis");
   if (tier == "redis") {
 #if KVFUSE_REPLAY_WITH_REDIS
-    RedisTierOptions r;
+    kvfuse::RedisTierOptions r;
     if (redis_address.starts_with("unix:")) {
       r.unix_socket = redis_address.substr(5);
     } else {
@@ -214,34 +232,26 @@ int main(int argc, char** argv) {
     } catch (const kvfuse::Error& e) {
       return usage_error(app, std::string("--redis: ") + e.what());
     }
-    o.redis = r;
+    o.tier_options.redis = r;
 #else
     return usage_error(app, "--tier redis: this kvfuse-replay was built without hiredis (apt-get install libhiredis-dev)");
 #endif
   }
   o.num_slots = slots;
   if (capacity == "unlimited") {
-    o.memory_bytes = std::size_t{1} << 62;
+    o.tier_options.memory_bytes = std::size_t{1} << 62;
   } else {
     std::uint64_t bytes = 0;
     if (const std::string error = parse_size(capacity, bytes); !error.empty())
       return usage_error(app, "--tier-capacity: \"" + capacity + "\" " + error +
                                   (error == "is not a size" ? " (say 1MiB, 65536 or unlimited)" : ""));
     if (bytes == 0) return usage_error(app, "--tier-capacity: must be > 0, got \"" + capacity + "\"");
-    o.memory_bytes = bytes;
+    o.tier_options.memory_bytes = bytes;
   }
-  if (faults != "none") {
-    std::stringstream list(faults);
-    std::string name;
-    while (std::getline(list, name, ',')) {
-      bool known = false;
-      for (std::size_t i = 0; i < std::size(Faults::names); ++i)
-        if (name == "all" || name == Faults::names[i]) {
-          *o.faults.flag(i) = true;
-          known = true;
-        }
-      if (!known) return usage_error(app, "--faults: unknown fault \"" + name + "\"");
-    }
+  try {
+    o.faults = parse_faults(faults);
+  } catch (const InputError& e) {
+    return usage_error(app, e.what());
   }
   if (!trace.empty() && (::access(trace.c_str(), R_OK) != 0))
     return usage_error(app, "--trace: cannot read \"" + trace + "\"");
@@ -260,12 +270,13 @@ int main(int argc, char** argv) {
                                 std::to_string(longest) + " blocks)");
 
   const std::string tiers = tier == "redis" ? "a RedisTier at " + redis_address
-                                            : "a " + capacity + " memory tier" + (o.disk ? " in front of a disk tier" : "");
+                                            : "a " + capacity + " memory tier" + (kinds[o.tier].disk ? " in front of a disk tier" : "");
   std::printf("kvfuse-replay: %s requests (%s), %u ranks as threads, HostRuntime, per rank %s\n",
               thousands(w.requests.size()).c_str(),
               w.from_trace ? ("trace " + w.source).c_str() : ("built-in sessions, seed " + std::to_string(seed)).c_str(), ranks,
               tiers.c_str());
-  std::printf("faults: %s%s%s\n", o.faults.any() ? faults.c_str() : "none", two_pass ? "; two passes (offload off, then on)" : "",
+  const bool any_fault = std::find(o.faults.begin(), o.faults.end(), true) != o.faults.end();
+  std::printf("faults: %s%s%s\n", any_fault ? faults.c_str() : "none", two_pass ? "; two passes (offload off, then on)" : "",
               sync_saves ? "; saves land before the next arrival" : "");
   std::fflush(stdout);
 
@@ -279,24 +290,7 @@ int main(int argc, char** argv) {
   Progress progress;
   std::vector<ModelReport> reports;
   try {
-    for (const std::string& m : models) {
-      if (m == "dense") reports.push_back(run_model<Cluster<DenseConnector<RankTier>>>(m, 0xd0, w, o, two_pass, progress, root.path));
-      if (m == "dsv4") reports.push_back(run_model<Cluster<Dsv4Connector<RankTier>>>(m, 0xd4, w, o, two_pass, progress, root.path));
-      if (m == "k3" || m == "multi") {
-        ModelReport r = m == "k3" ? run_model<Cluster<KimiK3Connector<RankTier>>>(m, 0x3, w, o, two_pass, progress, root.path)
-                                  : run_model<Cluster<KimiK3Connector<RankTier>, true>>(m, 0x3, w, o, two_pass, progress, root.path);
-        if (m == "k3") {
-          // The same loads with the state leg ordered after KV: what the fused load saves.
-          const RunResult serial = run_one<Cluster<KimiK3SerialConnector<RankTier>>>("k3", 0x3, w, o, progress, root.path, "state after KV");
-          r.joint_after_kv = serial.joint;
-          r.run.invariant_violations += serial.invariant_violations;
-          r.run.corrupted_bytes += serial.corrupted_bytes;
-          r.run.stranded_parked += serial.stranded_parked;
-          r.run.leaked_slots += serial.leaked_slots;
-        }
-        reports.push_back(std::move(r));
-      }
-    }
+    for (const std::string& name : models) reports.push_back(run_model(*find_model(name), w, o, two_pass, progress, root.path));
   } catch (const kvfuse::Error& e) {
     std::fprintf(stderr, "kvfuse-replay: %s\n", e.what());
     return 1;

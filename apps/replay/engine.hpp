@@ -1,0 +1,35 @@
+// kvfuse-replay: one engine and its ranks replaying a workload, one pass (engine.cpp).
+#pragma once
+
+#include "faults.hpp"
+#include "models.hpp"
+#include "result.hpp"
+#include "tiers.hpp"
+#include "workload.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace replay {
+
+/// How one engine is built and driven.
+struct RunOptions {
+  std::uint32_t world = 8;
+  std::size_t tier = 0;        ///< the ranks' tier: an index in the tier table
+  TierOptions tier_options;    ///< what every rank's tier is built from (the faults adjust it per rank)
+  std::uint32_t num_blocks = 1024;  ///< the device block pool (all ranks alike)
+  std::uint32_t num_slots = 16;     ///< the device state slot pool
+  bool offload = true;              ///< false: the first pass of --two-pass (no loads, no saves, no faults)
+  bool sync_saves = false;          ///< each request's saves land before the next arrives
+  double speed = 0;                 ///< 0: as fast as possible; else simulated ms per wall ms
+  FaultSet faults;                  ///< armed when offload is on
+  std::uint64_t seed = 1;
+  std::function<void(std::size_t done, std::size_t total, std::size_t loads_in_flight)> progress;
+};
+
+/// Replays `w` through one engine running `model` and drains it; returns what it measured.
+/// Throws kvfuse::Error when the ranks or their tiers cannot be built.
+RunResult replay_pass(const Model& model, const Workload& w, const RunOptions& options);
+
+}  // namespace replay

@@ -1,0 +1,65 @@
+// kvfuse-replay: the model table (models.hpp). To add a model, add one entry here: a
+// connector preset (a template over the rank's tier) and the fields of Model. This file is
+// where every connector of the replay is compiled, once per type in the tier table.
+#include "models.hpp"
+
+#include <kvfuse/compose/presets.hpp>
+
+namespace replay {
+
+namespace {
+
+/// `m` with what its connector says filled in: Preset<T> is the connector over tier T.
+template <template <class> class Preset>
+Model with_connector(Model m) {
+  using Conn = Preset<RankTier<LocalTier>>;
+  m.layout = Conn::layout;
+  m.stateful = Conn::has_state;
+  m.lanes = Conn::lane_count;
+  m.make_ranks = [](const RankSetup& setup) {
+    return with_tier(setup.tier, [&]<class Inner>(const TierEntry<Inner>& tier) -> std::unique_ptr<Ranks> {
+      static_assert(Preset<RankTier<Inner>>::layout == Conn::layout && Preset<RankTier<Inner>>::lane_count == Conn::lane_count);
+      return std::make_unique<RanksOf<Preset<RankTier<Inner>>, Inner>>(setup, tier);
+    });
+  };
+  return m;
+}
+
+template <class T>
+using Dense = kvfuse::DenseConnector<T>;
+template <class T>
+using Dsv4 = kvfuse::Dsv4Connector<T>;
+template <class T>
+using K3 = kvfuse::KimiK3Connector<T>;
+template <class T>
+using K3Serial = kvfuse::KimiK3SerialConnector<T>;
+
+}  // namespace
+
+const std::vector<Model>& model_table() {
+  static const std::vector<Model> table = {
+      with_connector<Dense>({.name = "dense", .what = "DenseConnector", .id = 0xd0}),
+      with_connector<Dsv4>({.name = "dsv4", .what = "Dsv4Connector: slot state after KV", .id = 0xd4}),
+      with_connector<K3>({.name = "k3",
+                          .what = "KimiK3Connector: recurrent state on its own lane",
+                          .id = 0x3,
+                          .comparison = "k3-serial"}),
+      with_connector<K3>({.name = "multi",
+                          .what = "KimiK3Connector admitted through [P/D loopback, offload]",
+                          .id = 0x3,
+                          .admission = Admission::loopback_pd}),
+      with_connector<K3Serial>({.name = "k3-serial",
+                                .what = "KimiK3SerialConnector: k3 with the state leg after KV",
+                                .id = 0x3,
+                                .selectable = false}),
+  };
+  return table;
+}
+
+const Model* find_model(std::string_view name) {
+  for (const Model& m : model_table())
+    if (m.name == name) return &m;
+  return nullptr;
+}
+
+}  // namespace replay

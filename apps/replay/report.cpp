@@ -1,0 +1,174 @@
+// kvfuse-replay: the report's rows, the terminal table and the JSON (report.hpp).
+#include "report.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace replay {
+
+namespace {
+
+std::string fixed(double v, int decimals) {
+  char b[48];
+  std::snprintf(b, sizeof b, "%.*f", decimals, v);
+  return b;
+}
+
+nlohmann::json latency_json(const Latency& l) { return {{"count", l.count}, {"p50_us", l.p50}, {"p99_us", l.p99}}; }
+std::string latency_text(const Latency& l) { return l.count ? fixed(l.p50, 0) + " / " + fixed(l.p99, 0) : "-"; }
+
+nlohmann::json loads_json(const RunResult& r) {
+  return {{"kv_only", r.loads_kv_only}, {"joint", r.loads_joint}, {"state_only", r.loads_state_only}, {"pd_transfer", r.loads_pd}};
+}
+
+/// How a row's value reads in the table by default.
+std::string plain(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) return thousands(v.get<std::uint64_t>());
+  if (v.is_number()) return fixed(v.get<double>(), 0);
+  if (v.is_string()) return v.get<std::string>();
+  return "-";
+}
+
+}  // namespace
+
+std::string thousands(std::uint64_t v) {
+  const std::string digits = std::to_string(v);
+  std::string out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
+}
+
+std::vector<Row> report_rows(const Workload& w) {
+  using J = nlohmann::json;
+  using M = const ModelReport&;
+  std::vector<Row> rows;
+  auto add = [&](std::string label, std::string key, std::function<J(M)> value, std::function<std::string(M)> show = {}) {
+    rows.push_back(Row{std::move(label), std::move(key), std::move(value), std::move(show)});
+  };
+  auto heading = [&](std::string label) { rows.push_back(Row{std::move(label), "", {}, {}}); };
+  add("requests", "/requests/total", [](M m) { return m.run.requests; });
+  add("  completed", "/requests/completed", [](M m) { return m.run.completed; });
+  add("  aborted mid-load", "/requests/aborted", [](M m) { return m.run.aborted; });
+  add("  preempted mid-load (re-admitted)", "/requests/preempted", [](M m) { return m.run.preempted; });
+  add("  computed without a load", "/requests/computed_without_load", [](M m) { return m.run.admitted_compute; });
+  add("", "/requests/readmitted_while_held", [](M m) { return m.run.readmitted_while_held; });
+  add("loads: kv-only", "/loads/kv_only", [](M m) { return m.run.loads_kv_only; });
+  add("       joint", "/loads/joint", [](M m) { return m.run.loads_joint; });
+  add("       state-only", "/loads/state_only", [](M m) { return m.run.loads_state_only; });
+  add("       P/D transfer", "/loads/pd_transfer", [](M m) { return m.run.loads_pd; });
+  add("outcomes: completed", "/outcomes/completed", [](M m) { return m.run.outcome_completed; });
+  add("          failed", "/outcomes/failed", [](M m) { return m.run.outcome_failed; });
+  add("          abandoned", "/outcomes/abandoned", [](M m) { return m.run.outcome_abandoned; });
+  add("          state missed", "/outcomes/state_missed", [](M m) { return m.run.outcome_state_missed; });
+  add("prompt tokens", "/reused_tokens/prompt_tokens", [](M m) { return m.run.prompt_tokens; });
+  add("reused tokens: from HBM", "/reused_tokens/hbm", [](M m) { return m.run.reused_hbm; });
+  add("               from the tier", "/reused_tokens/tier", [](M m) { return m.run.reused_tier; });
+  if (w.from_trace)
+    add("               total / trace bound", "", {}, [bound = w.reuse_bound](M m) {
+      return fixed(100.0 * static_cast<double>(m.run.reused_hbm + m.run.reused_tier) /
+                       static_cast<double>(std::max<std::uint64_t>(1, bound)),
+                   2) +
+             "%";
+    });
+  add("hashes retracted", "/hashes_retracted", [](M m) { return m.run.hashes_retracted; });
+  add("late reports", "/late_reports", [](M m) { return m.run.late_reports; });
+  add("orphans reclaimed", "/orphans_reclaimed", [](M m) { return m.run.orphans_reclaimed; });
+  add("saves stored / failed", "", {}, [](M m) { return thousands(m.run.saves_stored) + " / " + thousands(m.run.saves_failed); });
+  add("", "/saves/stored", [](M m) { return m.run.saves_stored; });
+  add("", "/saves/failed", [](M m) { return m.run.saves_failed; });
+  // The joint loads each latency is taken over: planned (admitted as joint) / timed (resumed
+  // their request with tokens).
+  auto joint_counts = [](const RunResult& r) { return thousands(r.loads_joint) + " / " + thousands(r.joint.count); };
+  add("joint loads: planned / timed", "", {}, [=](M m) { return m.model->stateful ? joint_counts(m.run) : "-"; });
+  add("joint load p50 / p99 (us)", "/latency/joint", [](M m) { return latency_json(m.run.joint); },
+      [](M m) { return latency_text(m.run.joint); });
+  add("  compared pass: planned / timed", "", {}, [=](M m) { return m.comparison ? joint_counts(*m.comparison) : "-"; });
+  add("  compared pass: p50 / p99 (us)", "", {}, [](M m) { return m.comparison ? latency_text(m.comparison->joint) : "-"; });
+  add("kv-only load p50 / p99 (us)", "/latency/kv_only", [](M m) { return latency_json(m.run.kv_only); },
+      [](M m) { return latency_text(m.run.kv_only); });
+  add("", "/latency/state_only", [](M m) { return latency_json(m.run.state_only); });
+  add("", "/comparison", [](M m) {
+    if (!m.comparison) return J(nullptr);
+    return J{{"model", m.comparison->model},
+             {"loads", loads_json(*m.comparison)},
+             {"latency", {{"joint", latency_json(m.comparison->joint)}}}};
+  });
+  // One tier read per KV load is a batched tier's promise (a remote tier: one round trip).
+  add("tier reads per KV load", "", {}, [](M m) {
+    const TierCalls& c = m.run.tier_calls;
+    return m.run.kv_loads_sent ? fixed(static_cast<double>(c.kv_reads) / static_cast<double>(m.run.kv_loads_sent), 2) : "-";
+  });
+  add("", "/tier_calls", [](M m) {
+    const TierCalls& c = m.run.tier_calls;
+    return J{{"kv_loads_sent", m.run.kv_loads_sent}, {"kv_reads", c.kv_reads}, {"kv_chunks_read", c.kv_chunks_read},
+             {"state_reads", c.state_reads}, {"puts", c.puts}, {"contains", c.contains}, {"erases", c.erases},
+             {"total", c.total()}};
+  });
+  add("staging bytes (all ranks)", "/staging_bytes", [](M m) { return m.run.staging_bytes; });
+  add("bytes checked", "/verified_bytes", [](M m) { return m.run.verified_bytes; });
+  add("throughput (requests/s)", "/requests_per_second",
+      [](M m) { return static_cast<double>(m.run.requests) / std::max(1e-9, m.run.wall_seconds); },
+      [](M m) { return fixed(static_cast<double>(m.run.requests) / std::max(1e-9, m.run.wall_seconds), 0); });
+  add("", "/wall_seconds", [](M m) { return m.run.wall_seconds; });
+  const std::vector<FaultRow> faults = fault_rows();
+  for (std::size_t i = 0; i < faults.size(); ++i)
+    add((i == 0 ? "faults: " : "        ") + std::string(faults[i].label), "/faults/" + std::string(faults[i].key),
+        [i](M m) { return m.run.fault_counts[i]; });
+  heading("must be zero:");
+  add("  invariant_violations", "/must_be_zero/invariant_violations", [](M m) { return m.zero(&RunResult::invariant_violations); });
+  add("  corrupted_bytes", "/must_be_zero/corrupted_bytes", [](M m) { return m.zero(&RunResult::corrupted_bytes); });
+  add("  stranded_parked", "/must_be_zero/stranded_parked", [](M m) { return m.zero(&RunResult::stranded_parked); });
+  add("  leaked_slots", "/must_be_zero/leaked_slots", [](M m) { return m.zero(&RunResult::leaked_slots); });
+  add("  two_pass_delta", "/must_be_zero/two_pass_delta", [](M m) { return m.two_pass_delta; },
+      [](M m) { return m.two_pass ? thousands(m.two_pass_delta) + " of " + thousands(m.compared) : std::string("not run"); });
+  add("", "/two_pass", [](M m) { return m.two_pass ? J{{"compared", m.compared}, {"delta", m.two_pass_delta}} : J(nullptr); });
+  return rows;
+}
+
+
+void print_table(const std::vector<ModelReport>& models, const Workload& w) {
+  std::printf("\n  %-34s", "");
+  for (const ModelReport& m : models) std::printf(" %14s", m.run.model.c_str());
+  std::printf("\n");
+  for (const Row& row : report_rows(w)) {
+    if (row.label.empty()) continue;
+    if (!row.value && !row.show) {
+      std::printf("  %s\n", row.label.c_str());
+      continue;
+    }
+    std::printf("  %-34s", row.label.c_str());
+    for (const ModelReport& m : models) std::printf(" %14s", (row.show ? row.show(m) : plain(row.value(m))).c_str());
+    std::printf("\n");
+  }
+  for (const ModelReport& m : models)
+    if (m.comparison) {
+      const Model* c = find_model(m.model->comparison);
+      std::printf("  compared pass of %s: %s (%s), the same workload\n", m.run.model.c_str(), m.comparison->model.c_str(),
+                  c ? std::string(c->what).c_str() : "");
+    }
+}
+
+nlohmann::json to_json(const std::vector<ModelReport>& models, const Workload& w, const nlohmann::json& options) {
+  nlohmann::json j;
+  j["workload"] = {{"source", w.source},
+                   {"requests", w.requests.size()},
+                   {"prompt_tokens", w.prompt_tokens},
+                   {"reuse_bound_tokens", w.from_trace ? nlohmann::json(w.reuse_bound) : nlohmann::json(nullptr)}};
+  j["options"] = options;
+  bool ok = true;
+  const std::vector<Row> rows = report_rows(w);
+  for (const ModelReport& m : models) {
+    nlohmann::json x = nlohmann::json::object();
+    for (const Row& row : rows)
+      if (!row.key.empty() && row.value) x[nlohmann::json::json_pointer(row.key)] = row.value(m);
+    ok = ok && m.must_be_zero_total() == 0;
+    j["models"][m.run.model] = x;
+  }
+  j["ok"] = ok;
+  return j;
+}
+
+}  // namespace replay
