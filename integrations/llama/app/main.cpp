@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
   app.add_option("--tier", o.tier, "the tier of pass 2: memory+disk (a MemoryTier in front of a DiskTier), or redis")
       ->check(CLI::IsMember({"memory+disk", "redis"}));
   app.add_option("--redis", o.redis, "with --tier redis: the server, unix:PATH or HOST:PORT");
-  app.add_option("--key-prefix", o.key_prefix, "with --tier redis: the prefix of every key (runs with the same prefix share entries)");
+  app.add_option("--key-prefix", o.key_prefix, "with --tier redis: the prefix of every key (runs with the same prefix share entries; they expire after 30 minutes)");
   app.add_option("--tier-capacity", o.memory_bytes, "bytes of the memory tier")->check(CLI::Range(std::size_t{1} << 16, std::size_t{1} << 40));
   app.add_option("--dir", o.dir, "where the disk tier lives (a temporary directory under it, removed at exit)")->check(CLI::ExistingDirectory);
   app.add_option("--chunk-tokens", o.settings.chunk_tokens, "tokens per tier chunk (a multiple of --block-tokens)")->check(CLI::Range(1, 1 << 16));
@@ -332,6 +332,7 @@ int main(int argc, char** argv) {
       }
     }
     r.key_prefix = o.key_prefix;
+    r.ttl = std::chrono::minutes(30);  // a run leaves nothing behind in a shared server for long
     try {
       RedisTier probe(r);  // a bad address or prefix is a usage error, before anything runs
     } catch (const kvfuse::Error& e) {

@@ -81,7 +81,7 @@ inline std::uint64_t model_id_for(const SequenceRunner& runner, std::uint32_t ch
   return h;
 }
 
-/// Which load served a request, if any.
+/// Which load a request parked on, if any.
 enum class LoadKind : std::uint8_t { none, kv_only, joint, state_only };
 
 /// Short, stable name of a LoadKind. Any thread.
@@ -192,6 +192,7 @@ class PrefixCache {
   [[nodiscard]] std::size_t pinned() const {
     return static_cast<std::size_t>(std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.pins > 0; }));
   }
+  /// Blocks in the pool.
   [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
 
  private:
@@ -500,9 +501,13 @@ class Engine {
   /// The prompt of the request being served (empty between requests), for a load hook.
   [[nodiscard]] std::span<const llama_token> current_prompt() const noexcept { return current_prompt_; }
 
+  /// The rank's geometry: grids, pools, the model id in every tier key.
   [[nodiscard]] const RankGeometry& geometry() const noexcept { return geometry_; }
+  /// The runner every sequence of this engine runs on.
   [[nodiscard]] const SequenceRunner& runner() const noexcept { return runner_; }
+  /// The tier the connector's legs read and write (thread-safe, as every kvfuse Tier).
   [[nodiscard]] T& tier() noexcept { return tier_; }
+  /// The index's, coordinator's, pump's and connector's counters, read now (O(1)).
   [[nodiscard]] IndexStats index_stats() const { return index_.stats(); }
   [[nodiscard]] CoordinatorStats coordinator_stats() const { return coordinator_.stats(); }
   [[nodiscard]] PumpStats pump_stats() const { return pump_.stats(); }
