@@ -21,7 +21,13 @@
 
 #include <boost/lockfree/spsc_queue.hpp>
 
+#include "completion_fixtures.hpp"
+
 using namespace kvfuse;
+using kvfuse::bench::CountingIndex;
+using kvfuse::bench::Discard;
+using kvfuse::bench::record;
+using kvfuse::bench::settled_during;
 
 namespace {
 
@@ -30,53 +36,6 @@ using Clock = std::chrono::steady_clock;
 constexpr std::size_t push_batch = 256;
 constexpr std::uint64_t keys_per_batch = 1024;
 
-/// Holds every key outstanding and accepts every settlement: isolates the completion path
-/// (the real index is benchmarked in bench_offload_index).
-/// It queues no resolutions: `settled` counts the loads settled, so a benchmark checks it.
-struct CountingIndex {
-  std::uint64_t settled = 0;
-  std::uint64_t saves = 0;
-  bool is_in_flight(LoadKey) const noexcept { return true; }
-  bool is_save_in_flight(SaveKey) const noexcept { return true; }
-  bool settle(const Settlement& s) noexcept {
-    benchmark::DoNotOptimize(s.ok);
-    ++settled;
-    return true;
-  }
-  bool settle_save(const SaveSettlement&) noexcept {
-    ++saves;
-    return true;
-  }
-  std::size_t drain_resolutions(std::vector<LoadResolution>&) noexcept { return 0; }
-  template <class F>
-  std::size_t drain_forgotten(F&&) noexcept {
-    return 0;
-  }
-  Generation last_issued() const noexcept { return Generation{}; }
-  // No rank dies in these benchmarks: nothing is ever offered to settle_if_unowed.
-  template <class F>
-  void for_each_load_in_flight(F&&) const noexcept {}
-  template <class F>
-  void for_each_save_in_flight(F&&) const noexcept {}
-};
-
-/// Loads the index settled during `f()`.
-template <class F>
-std::uint64_t settled_during(CountingIndex& index, F&& f) {
-  const std::uint64_t before = index.settled;
-  f();
-  return index.settled - before;
-}
-
-CompletionRecord record(std::uint64_t key, std::uint32_t rank) {
-  return CompletionRecord{LoadKey{RequestId{key}, Generation{key + 1}}, rank, KvOutcome::ok, StateOutcome::restored,
-                          Reason::none, Reason::none};
-}
-
-struct Discard {
-  void operator()(const CompletionRecord& r) noexcept { benchmark::DoNotOptimize(r); }
-  void operator()(const SaveRecord& r) noexcept { benchmark::DoNotOptimize(r); }
-};
 
 // ---- push cost ----------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Draws the two benchmark plots from the JSON a bench run left behind (bench/report.py writes
+# Draws the benchmark plots from the JSON a bench run left behind (bench/report.py writes
 # it; `./make.sh bench` runs both):
 #
 #   docs/img/joint_latency.png      BM_JointSweep (kvfuse_bench_connector.json): Kimi-K3 joint
@@ -9,6 +9,13 @@
 #                                   (bench/report.py's kvfuse-replay runs): the dense model's reused tokens
 #                                   (hbm + tier) against the per-rank memory-tier capacity,
 #                                   with the trace's reuse bound
+#
+#   docs/img/checkpoint_policies.png  replay_policy_*.json: for dsv4 and k3, reused tokens as a
+#                                   share of the dense model's against state checkpoints saved per
+#                                   request, one point per checkpoint policy
+#   docs/img/state_eviction.png     replay_eviction_<eviction>_<N>.json: dsv4's reused share of
+#                                   dense against the index's state capacity, lru against
+#                                   spared_tokens
 #
 #   bench/plot.sh [RESULTS_DIR [IMG_DIR]]   defaults: build/bench-results, docs/img of the repository
 #
@@ -134,6 +141,107 @@ GP
   drawn=$((drawn + 1))
 else
   echo "plot.sh: skipped reuse_vs_capacity.png (no replay_capacity_*.json in $results)"
+fi
+
+# ---- the hybrid models: reuse against checkpoints per request, one point per policy ---------
+# One line per policy: policy, dsv4 checkpoints/request, dsv4 share, k3 checkpoints/request,
+# k3 share, and 1 for an every:N policy (the fixed-interval line), 0 otherwise.
+python3 - "$results" >"$work/policies.dat" <<'PY' || true
+import glob, json, os, re, sys
+rows = []
+for path in glob.glob(os.path.join(sys.argv[1], "replay_policy_*.json")):
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        policy = doc["options"]["checkpoints"]
+        cells = [(doc["models"][m]["checkpoints_per_request"], doc["models"][m]["reused_share_of_dense"])
+                 for m in ("dsv4", "k3")]
+        requests = doc["workload"]["requests"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"plot.sh: {path}: {e}", file=sys.stderr)
+        continue
+    if any(x is None or y is None for x, y in cells):
+        continue
+    every = re.fullmatch(r"every:(\d+)", policy)
+    rows.append((int(every.group(1)) if every else 0, policy, cells))
+if not rows:
+    sys.exit(1)  # the shell says what was skipped
+print(f"# requests {requests}")
+for n, policy, cells in sorted(rows, key=lambda r: r[2][0][0]):
+    (x4, y4), (xk, yk) = cells
+    print(f'"{policy}" {x4:g} {y4:g} {xk:g} {yk:g} {1 if n else 0}')
+PY
+if grep -q '^"' "$work/policies.dat"; then
+  requests=$(sed -n 's/^# requests //p' "$work/policies.dat")
+  grep '^"' "$work/policies.dat" | awk '$6 == 1' >"$work/every.dat"
+  gnuplot <<GP
+set terminal pngcairo size 900,560 enhanced font "sans,11"
+set output "$img/checkpoint_policies.png"
+set title "State checkpoints: what they buy and what they cost (kvfuse-replay, ${requests} requests of the shipped trace,\n2 ranks, unlimited memory tier, synchronous saves; the dense model's reuse in the same run = 1)"
+set xlabel "state checkpoints saved per request"
+set ylabel "reused prompt tokens / dense model's"
+set logscale x 2
+set xrange [0.4:40]
+set yrange [0.4:1.05]
+set grid
+set key bottom right
+plot "$work/every.dat" using 2:3 with lines lw 1 dt 2 lc rgb "gray50" title "every:N (N = 16, 8, 4, 2 chunks)", \
+     "$work/policies.dat" using 2:3 with points pt 7 ps 1.5 lc rgb "#1f77b4" title "dsv4", \
+     "" using 4:5 with points pt 6 ps 2.2 lw 2 lc rgb "#d62728" title "k3", \
+     "" using 2:3:1 with labels offset char 0,1.1 notitle, \
+     0.95 with lines lw 1 dt 3 lc rgb "black" title "the replay's hybrid test: at least 0.95, at most 3 per request"
+GP
+  echo "plot.sh: wrote $img/checkpoint_policies.png"
+  drawn=$((drawn + 1))
+else
+  echo "plot.sh: skipped checkpoint_policies.png (no replay_policy_*.json in $results)"
+fi
+
+# ---- the hybrid models: reuse against the index's state capacity, per eviction --------------
+# One line per capacity: capacity, lru share, spared_tokens share (dsv4, of dense's).
+python3 - "$results" >"$work/eviction.dat" <<'PY' || true
+import glob, json, os, re, sys
+shares = {}
+for path in glob.glob(os.path.join(sys.argv[1], "replay_eviction_*.json")):
+    m = re.fullmatch(r"replay_eviction_(lru|spared_tokens)_(\d+)\.json", os.path.basename(path))
+    if not m:
+        continue
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        share = doc["models"]["dsv4"]["reused_share_of_dense"]
+        requests = doc["workload"]["requests"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"plot.sh: {path}: {e}", file=sys.stderr)
+        continue
+    if share is not None:
+        shares.setdefault(int(m.group(2)), {})[m.group(1)] = share
+rows = [(cap, s["lru"], s["spared_tokens"]) for cap, s in sorted(shares.items()) if len(s) == 2]
+if not rows:
+    sys.exit(1)  # the shell says what was skipped
+print(f"# requests {requests}")
+for cap, lru, spared in rows:
+    print(f"{cap} {lru:g} {spared:g}")
+PY
+if grep -q '^[0-9]' "$work/eviction.dat"; then
+  requests=$(sed -n 's/^# requests //p' "$work/eviction.dat")
+  gnuplot <<GP
+set terminal pngcairo size 900,560 enhanced font "sans,11"
+set output "$img/state_eviction.png"
+set title "DSV4, default checkpoint policy, ${requests} requests of the shipped trace (kvfuse-replay, 2 ranks, unlimited\nmemory tier, synchronous saves): reuse against the state checkpoints the index keeps servable"
+set xlabel "the index's state capacity (hashes, --state-capacity)"
+set ylabel "reused prompt tokens / dense model's"
+set logscale x 2
+set yrange [0:1.05]
+set grid
+set key bottom right
+plot "$work/eviction.dat" using 1:2 with linespoints lw 2 pt 7 title "lru: the least recently used goes", \
+     "" using 1:3 with linespoints lw 2 dt 2 pt 6 ps 1.6 title "spared_tokens: of the 8 least recently used, the lowest boundary goes" noenhanced
+GP
+  echo "plot.sh: wrote $img/state_eviction.png"
+  drawn=$((drawn + 1))
+else
+  echo "plot.sh: skipped state_eviction.png (no replay_eviction_*.json in $results)"
 fi
 
 [ "$drawn" -gt 0 ]

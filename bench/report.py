@@ -12,8 +12,9 @@ its console output goes to a log beside the JSON. The table is read back from th
 with Python's json module, using the median of the repetitions. Ratios whose two sides are
 timed inside one benchmark are that benchmark's own counters; the others are computed here
 from two benchmarks of the same binary and the same run. The replay (kvfuse-replay) writes
-JSON too: one throughput run over every model, and a sweep of the dense model's reuse over
-per-rank tier capacities, which bench/plot.sh draws. Everything lands in --out-dir
+JSON too: one throughput run over every model, a sweep of the dense model's reuse over
+per-rank tier capacities, and the hybrid models' reuse over checkpoint policies and over state
+capacities with each hash eviction, which bench/plot.sh draws. Everything lands in --out-dir
 (default build/bench-results), which bench/plot.sh and --json-dir read.
 
 Exit status: 1 if a binary failed, 2 on a usage error, else 0. A missed target is reported
@@ -162,11 +163,28 @@ THROUGHPUT_PREFIX = "replay_throughput_"  # one JSON per repetition: replay_thro
 CAPACITY_PREFIX = "replay_capacity_"
 CAPACITY_LIMIT = 0  # the whole trace
 CAPACITIES = tuple(f"{mib}MiB" for mib in (2, 4, 8, 16, 32, 64, 128)) + ("unlimited",)
+# The hybrid models' state checkpoints, in the setting of the replay's hybrid test (first 1000
+# requests, 2 ranks, unlimited memory tier, synchronous saves; a few seconds a run): reuse
+# (as a share of the dense model's, same run) against checkpoints per request for each
+# policy, and against the index's state capacity for each eviction (default policy; dsv4
+# alone, k3 reuses the same tokens). bench/plot.sh draws both.
+HYBRID_LIMIT = 1000
+HYBRID_SETTING = ("--ranks", "2", "--tier", "memory", "--tier-capacity", "unlimited", "--sync-saves")
+POLICY_PREFIX = "replay_policy_"      # replay_policy_<policy, ':' dropped>.json
+POLICIES = ("last", "every:16", "every:8", "every:4", "every:2", "all", "default")
+EVICTION_PREFIX = "replay_eviction_"  # replay_eviction_<eviction>_<capacity>.json
+EVICTIONS = ("lru", "spared_tokens")
+STATE_CAPACITIES = (32, 64, 128, 256, 512, 1024, 1536, 2048, 4096)
+
+
+def policy_file(policy: str) -> str:
+    return f"{POLICY_PREFIX}{policy.replace(':', '')}.json"
 
 
 def run_replay(args: argparse.Namespace, out_dir: str) -> int:
-    """Runs kvfuse-replay for the throughput row and the capacity sweep. Returns 1 if a run
-    failed, 0 otherwise (also when the replay is not built: the rows then say n/a)."""
+    """Runs kvfuse-replay for the throughput row, the capacity sweep and the hybrid models'
+    policy and eviction sweeps. Returns 1 if a run failed, 0 otherwise (also when the replay
+    is not built: the rows then say n/a)."""
     if not (os.path.isfile(args.replay) and os.access(args.replay, os.X_OK)):
         print(f"  (no replay binary at {args.replay}: its rows and the reuse plot are skipped)")
         return 0
@@ -180,6 +198,13 @@ def run_replay(args: argparse.Namespace, out_dir: str) -> int:
         limit = ["--limit", str(args.capacity_limit)] if args.capacity_limit > 0 else []
         runs.append((f"{CAPACITY_PREFIX}{cap}.json",
                      [*limit, "--model", "dense", "--ranks", "2", "--tier", "memory", "--tier-capacity", cap]))
+    hybrid = ["--limit", str(HYBRID_LIMIT), *HYBRID_SETTING]
+    for policy in POLICIES:
+        runs.append((policy_file(policy), [*hybrid, "--model", "dense,dsv4,k3", "--checkpoints", policy]))
+    for eviction in EVICTIONS:
+        for cap in STATE_CAPACITIES:
+            runs.append((f"{EVICTION_PREFIX}{eviction}_{cap}.json",
+                         [*hybrid, "--model", "dense,dsv4", "--state-capacity", str(cap), "--hash-eviction", eviction]))
     for out_name, extra in runs:
         out = os.path.join(out_dir, out_name)
         log = out[: -len(".json")] + ".log"
@@ -262,6 +287,20 @@ def report(r: Results, out_dir: str, trace: str) -> int:
           scale(m(comp, "BM_PushDrainMerge/8", "items_per_second"), 1e6), "M/s")
     t.row("producer thread + engine thread, 8 ranks",
           scale(m(comp, "BM_Threaded/8/real_time", "items_per_second"), 1e6), "M/s")
+
+    ipc = "kvfuse_bench_ipc"
+    t.section("ranks as processes (kvfuse_bench_ipc; shared memory rings against in-process lanes)")
+    procs = m(ipc, "BM_DrainMergeProcesses/manual_time", "items_per_second")
+    threads = m(ipc, "BM_DrainMergeThreads/manual_time", "items_per_second")
+    t.row("records drained + merged at 8 ranks: rank processes' rings / rank threads' lanes",
+          ratio(procs, threads), "x", ">=", 0.8)
+    t.row("  rings, 8 rank processes", scale(procs, 1e6), "M/s")
+    t.row("  lanes, 8 rank threads", scale(threads, 1e6), "M/s")
+    rt_p = m(ipc, "BM_LoadRoundTripProcesses/manual_time", "real_time")
+    rt_t = m(ipc, "BM_LoadRoundTripThreads/manual_time", "real_time")
+    t.row("one 4 KiB load's round trip, rank process / rank thread", ratio(rt_p, rt_t), "x")
+    t.row("  rank process", scale(rt_p, 1e3), "us")
+    t.row("  rank thread", scale(rt_t, 1e3), "us")
 
     t.section("engine loop (kvfuse_bench_coordinator; 8 ranks, 16-chunk K3 joint loads, no copies; 5 repetitions)")
     creq = "BM_CoordinatorRequest/ranks_inline/checkpoints:1/repeats:5/manual_time"
@@ -465,6 +504,23 @@ def report(r: Results, out_dir: str, trace: str) -> int:
     ok = "" if cap is None or cap.get("ok") is True else " (ok: false)"
     t.row(f"dense, 2 ranks, {requests or 0:.0f} requests, unlimited memory tier: reused / reuse bound{ok}",
           ratio(total, number(cap, "workload", "reuse_bound_tokens")), "x", note="informative")
+    t.section(f"hybrid models' state checkpoints ({HYBRID_LIMIT} requests, 2 ranks, unlimited memory tier, "
+              "synchronous saves; reuse as a share of the dense model's in the same run)")
+    policies = {p: load_json(os.path.join(out_dir, policy_file(p))) for p in ("default", "last", "all")}
+    for model in ("dsv4", "k3"):
+        for p, doc in policies.items():
+            ok = "" if doc is None or doc.get("ok") is True else " (ok: false)"
+            t.row(f"{model}, --checkpoints {p}: reused / dense's reused{ok}",
+                  number(doc, "models", model, "reused_share_of_dense"), "x", note="informative")
+            t.row(f"{model}, --checkpoints {p}: checkpoints saved per request",
+                  number(doc, "models", model, "checkpoints_per_request"), "", note="informative")
+        default, top = policies["default"], policies["all"]
+        t.row(f"{model}, default against all: reuse / all's reuse",
+              ratio(number(default, "models", model, "reused_share_of_dense"),
+                    number(top, "models", model, "reused_share_of_dense")), "x", note="informative")
+        t.row(f"{model}, default against all: checkpoints / all's checkpoints",
+              ratio(number(default, "models", model, "checkpoints_per_request"),
+                    number(top, "models", model, "checkpoints_per_request")), "x", note="informative")
     print("  standing staging bytes = lanes x buffer: asserted by the tests (R12), not timed here.")
     print(f"  {t.targets - t.misses} of {t.targets} targets met in this run.")
     return t.misses

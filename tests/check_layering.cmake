@@ -11,6 +11,7 @@ set(allowed_device     "bridge")
 set(allowed_completion "bridge")
 set(allowed_engine     "bridge;tier;completion")
 set(allowed_worker     "bridge;tier;device;completion")
+set(allowed_ipc        "bridge;completion;worker")
 set(allowed_compose    "bridge;tier;device;completion;engine;worker")
 set(allowed_detail     "")
 

@@ -6,6 +6,15 @@
   check_replay.py trace REPLAY TRACE    the first 200 requests of a trace: the five zeros
   check_replay.py bound REPLAY TRACE    unlimited tier + synchronous saves: reused tokens within
                                         [0.99, 1.0] of the trace's reuse bound
+  check_replay.py hybrid REPLAY TRACE [ARGS...]
+                                        the first 1000 requests, unlimited memory tier, synchronous
+                                        saves: dsv4 and k3 each reuse >= 0.95 of the dense model's
+                                        reused tokens with <= 3.0 checkpoints saved per request,
+                                        never above the bound; then the same check must fail with
+                                        --checkpoints last, and with no snapshot slot the default
+                                        policy must skip (and count) every prefill checkpoint and
+                                        reuse what `last` reuses. ARGS (say --checkpoints last):
+                                        only the first check, with ARGS added
   check_replay.py usage REPLAY TRACE    bad arguments and input exit 2 and name the bad value
   check_replay.py redis REPLAY          --tier redis against a redis-server started here (unix
                                         socket in a temporary directory): the five zeros, and
@@ -130,6 +139,87 @@ def bound(replay, path):
         fail(f"reused {used} < 99% of the bound {b}")
 
 
+# The issue's setting: the numbers of the README's hybrid rows. Two ranks: the reuse is the
+# same with eight (the lookup asks every rank), in a third of the time.
+HYBRID = ["--model", "dense,dsv4,k3", "--limit", "1000", "--tier", "memory", "--tier-capacity", "unlimited",
+          "--sync-saves", "--faults", "none", "--ranks", "2"]
+HYBRID_SHARE = 0.95            # of the dense model's reused tokens, at least
+HYBRID_CHECKPOINTS = 3.0       # saved per request, at most
+
+
+def reused(model):
+    return model["reused_tokens"]["hbm"] + model["reused_tokens"]["tier"]
+
+
+def metric(text, family, model):
+    """The sample of FAMILY for MODEL in a Prometheus text, or None."""
+    for line in text.splitlines():
+        if line.startswith(family + '{model="' + model + '"} '):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def hybrid_problems(report):
+    """What keeps the hybrid models of REPORT from the issue's numbers ([] when none)."""
+    problems = []
+    bound = report["workload"]["reuse_bound_tokens"]
+    dense = reused(report["models"]["dense"])
+    for name in ("dsv4", "k3"):
+        m = report["models"][name]
+        used, share, per_request = reused(m), m["reused_share_of_dense"], m["checkpoints_per_request"]
+        print(f"{name}: reused {used} tokens = {share:.4f} of dense's {dense}, {used / bound:.4f} of the bound; "
+              f"{per_request:.3f} checkpoints and {m['state_bytes_per_request']:.0f} state bytes per request; "
+              f"{m['checkpoints']['skipped']} skipped")
+        # The report's share, the Prometheus sample and the tokens must tell one story.
+        if abs(share - used / dense) > 1e-9:
+            problems.append(f"{name}: reused_share_of_dense {share} but {used} / {dense} = {used / dense}")
+        for family, value in (("kvfuse_replay_reused_share_of_dense", share),
+                              ("kvfuse_replay_checkpoints_per_request", per_request),
+                              ("kvfuse_replay_state_bytes_per_request", m["state_bytes_per_request"])):
+            sample = metric(report["metrics_text"], family, name)
+            if sample is None or abs(sample - value) > 1e-9 * max(1.0, value):
+                problems.append(f"{name}: --metrics-out has {family} = {sample}, the JSON {value}")
+        if used > bound:
+            problems.append(f"{name}: reused {used} tokens, above the trace's bound {bound}: a false hit")
+        if share < HYBRID_SHARE:
+            problems.append(f"{name}: reused {share:.4f} of dense's tokens, below {HYBRID_SHARE}")
+        if per_request > HYBRID_CHECKPOINTS:
+            problems.append(f"{name}: {per_request:.3f} checkpoints saved per request, above {HYBRID_CHECKPOINTS}")
+        if per_request > 0 and m["state_bytes_per_request"] <= 0:
+            problems.append(f"{name}: checkpoints saved but no state bytes stored")
+    return problems
+
+
+def hybrid(replay, path, *extra):
+    report = run(replay, ["--trace", path, *HYBRID, *extra])
+    check_zeros(report, False)
+    problems = hybrid_problems(report)
+    if problems:
+        fail("; ".join(problems))
+    if extra:
+        return
+    # The check tells the policies apart: one checkpoint per request, at the end of the
+    # generated tokens (the replay before checkpoint policies), fails it.
+    last = run(replay, ["--trace", path, *HYBRID, "--checkpoints", "last"])
+    check_zeros(last, False)
+    if not hybrid_problems(last):
+        fail("with --checkpoints last the hybrid numbers still hold: the check cannot fail")
+    # No snapshot slot: every planned prefill checkpoint is skipped and counted, the prefill
+    # never waits for one, and what is left is the generation-end checkpoint: `last`.
+    dsv4_only = [a if HYBRID[i - 1] != "--model" else "dsv4" for i, a in enumerate(HYBRID)]
+    starved = run(replay, ["--trace", path, *dsv4_only, "--snapshot-slots", "0"])
+    check_zeros(starved, False)
+    m, old = starved["models"]["dsv4"], last["models"]["dsv4"]
+    if m["checkpoints"]["skipped"] == 0:
+        fail("dsv4 with no snapshot slot skipped no checkpoint")
+    if m["requests"]["completed"] != starved["workload"]["requests"]:
+        fail(f"dsv4 with no snapshot slot completed {m['requests']['completed']} requests")
+    if (reused(m), m["checkpoints"]["saved"]) != (reused(old), old["checkpoints"]["saved"]):
+        fail(f"dsv4 with no snapshot slot reused {reused(m)} tokens from {m['checkpoints']['saved']} checkpoints; "
+             f"with --checkpoints last {reused(old)} from {old['checkpoints']['saved']}")
+    print(f"no snapshot slot: {m['checkpoints']['skipped']} prefill checkpoints skipped, the reuse of `last`")
+
+
 def usage(replay, path):
     with tempfile.TemporaryDirectory() as tmp:
         bad_line = os.path.join(tmp, "bad.jsonl")
@@ -172,6 +262,14 @@ def usage(replay, path):
             (["--ranks", "0"], "--ranks"),
             (["--sessions", "-1"], "-1"),
             (["--blocks", "0"], "--blocks"),
+            (["--checkpoints", "sometimes"], "'sometimes'"),
+            (["--checkpoints", "every:0"], "'every:0'"),
+            (["--checkpoints", "every:4294967296"], "'every:4294967296'"),
+            (["--state-capacity", "0"], "--state-capacity"),
+            (["--state-capacity", "2147483649"], "--state-capacity"),
+            (["--hash-eviction", "fifo"], "fifo"),
+            (["--snapshot-slots", "4097"], "--snapshot-slots"),
+            (["--snapshot-slots", "-1"], "--snapshot-slots"),
         ]
         for args, needle in cases:
             proc = subprocess.run([replay, *args, "--json", json_out], capture_output=True, text=True, timeout=60)
@@ -232,5 +330,6 @@ def redis(replay):
 
 if __name__ == "__main__":
     what, replay_bin, *rest = sys.argv[1:]
-    {"faults": faults, "trace": trace, "bound": bound, "usage": usage, "redis": redis}[what](replay_bin, *rest)
+    {"faults": faults, "trace": trace, "bound": bound, "hybrid": hybrid, "usage": usage,
+     "redis": redis}[what](replay_bin, *rest)
     print("ok")

@@ -72,10 +72,13 @@ struct StateChain {
   StateChain next(kvfuse::PrefixHash chunk_key) const noexcept { return {mix64(value ^ chunk_key.value)}; }
   /// The checkpoint hash at `boundary`, this chain covering the chunks before it.
   kvfuse::PrefixHash at(TokenCount boundary) const noexcept { return kvfuse::PrefixHash{mix64(value + boundary)}; }
-  /// The checkpoint hash of `q` at `boundary` (on the chunk grid), walking the chain from the start.
+  /// The checkpoint hash of `q` at `boundary` (on the block grid), walking the chain from
+  /// the start over every chunk the tokens before it touch. A boundary inside a chunk takes
+  /// that chunk's key too: the blocks before it are named by it (block_id), so two prompts
+  /// that differ in that chunk differ in the state there and must not share the hash.
   static kvfuse::PrefixHash of(std::uint64_t model, const Request& q, TokenCount boundary) noexcept {
     StateChain chain = start(model);
-    for (std::size_t c = 0; c < boundary / chunk_tokens; ++c) chain = chain.next(q.chunk_keys[c]);
+    for (std::size_t c = 0; c * chunk_tokens < boundary; ++c) chain = chain.next(q.chunk_keys[c]);
     return chain.at(boundary);
   }
 };

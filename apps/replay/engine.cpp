@@ -10,8 +10,10 @@
 // landed the clock stands still, so the replay measures the tier, not the model.
 //
 // An admission's compute is a list of stops: the forward runs up to each stop's token when
-// the clock reaches it, the engine acts there (captures the state checkpoint it will save),
-// and the last stop finishes the request.
+// the clock reaches it, the engine acts there, and the last stop finishes the request. A
+// stateful request stops at each prefill checkpoint its admit decision planned (the state
+// there is copied into a snapshot slot and handed to the Coordinator at once) and at its
+// generation-end checkpoint (captured there, saved by finish from the request's own slot).
 #include "engine.hpp"
 
 #include "block_cache.hpp"
@@ -67,15 +69,18 @@ class Engine final : private FaultSite {
         group_(TpQuorumOptions{o.world, model.lanes, 8192, 8192, 4096}),
         // No slot-free callback: an orphan's slot comes back through the Coordinator's Freed
         // event for its torn-down admission, the one signal.
-        index_(OffloadIndexOptions{.hash_capacity = std::size_t{1} << 18, .slot_count = model.stateful ? o.num_slots : 0}),
+        index_(OffloadIndexOptions{.hash_capacity = o.state_capacity,
+                                   .slot_count = model.stateful ? o.num_slots : 0,
+                                   .hash_eviction = o.hash_eviction}),
         pump_(group_, index_),
         faults_(o.offload ? o.faults : FaultSet(fault_table().size(), false), *this, result_.fault_counts),
         ranks_(model.make_ranks(rank_setup())),
         transport_(*ranks_),
         lookup_(*ranks_, transport_, keys_, faults_),
-        coord_(CoordinatorOptions{model.layout, PlanGrids{block_tokens, chunk_tokens}, 0, 4096}, index_, pump_, transport_, lookup_),
+        coord_(CoordinatorOptions{model.layout, grids, 0, 4096, o.checkpoints}, index_, pump_, transport_, lookup_),
         blocks_(o.num_blocks),
-        slots_(model.stateful ? o.num_slots : 0) {
+        slots_(model.stateful ? o.num_slots : 0),
+        snapshots_(model.stateful && o.offload ? o.snapshot_slots : 0, o.num_slots) {
     if (model.admission == Admission::loopback_pd) composition_ = std::make_unique<LoopbackComposition>(*ranks_, rt_, o.num_blocks);
     faults_.ranks_built();
   }
@@ -117,13 +122,15 @@ class Engine final : private FaultSite {
   }
 
  private:
+  static constexpr PlanGrids grids{block_tokens, chunk_tokens};
+
   enum class Phase { parked, computing, finishing, torn_down };
   /// Where an admission's compute pauses: token `at`, reached at simulated time `due_ms`.
   struct Stop {
     TokenCount at = 0;
     double due_ms = 0;
   };
-  /// A state the compute captured at a stop, to be saved as a checkpoint.
+  /// The state the compute captured at the generation-end stop, for finish() to save.
   struct Captured {
     TokenCount boundary = 0;
     std::uint64_t state = 0;
@@ -142,7 +149,8 @@ class Engine final : private FaultSite {
     WallClock::time_point parked_at{};
     Forward forward;
     std::vector<Stop> stops;  // ascending; the last one finishes the request
-    TokenCount checkpoint_at = 0;  // the stop that captures the checkpoint (0: none)
+    std::vector<TokenCount> checkpoints;  // the prefill checkpoints its admit decision planned, ascending
+    TokenCount generation_end = 0;        // the stop whose state finish() saves (0: none)
     std::optional<Captured> captured;
   };
 
@@ -159,7 +167,8 @@ class Engine final : private FaultSite {
     s.model = model_.id;
     s.world = o_.world;
     s.num_blocks = o_.num_blocks;
-    s.num_slots = model_.stateful ? o_.num_slots : 0;
+    // Request slots and snapshot slots share each rank's device slot memory.
+    s.num_slots = model_.stateful ? o_.num_slots + (o_.offload ? o_.snapshot_slots : 0) : 0;
     s.max_chunks_per_load = static_cast<std::uint32_t>(w_.max_request_tokens / chunk_tokens + 2);
     s.tier = o_.tier;
     for (std::uint32_t r = 0; r < o_.world; ++r) {
@@ -221,6 +230,7 @@ class Engine final : private FaultSite {
       return true;
     }
     live_[a.request] = d.admission;
+    a.checkpoints = std::move(d.checkpoints);
     // A preempted request comes back while its torn-down admission may still hold its
     // blocks (its orphaned load in flight): two admissions of one RequestId, freed apart.
     if (std::any_of(attempts_.begin(), attempts_.end(), [&](const auto& kv) { return kv.second.request == a.request; }))
@@ -265,8 +275,9 @@ class Engine final : private FaultSite {
   }
 
   // ---- the compute side ------------------------------------------------------------------------
-  /// The request computes from `resume`: its stops are the checkpoint it will save (the last
-  /// chunk boundary before its end, above `resume`) and its end.
+  /// The request computes from `resume`: its stops are its planned prefill checkpoints and its
+  /// generation-end checkpoint above `resume` (a load that restored less than it claimed, or
+  /// nothing, leaves them all above), then its end.
   void start_compute(Attempt& a, TokenCount resume) {
     const Request& q = *a.req;
     a.phase = Phase::computing;
@@ -279,12 +290,20 @@ class Engine final : private FaultSite {
     a.forward = Forward(std::max(resume, static_cast<TokenCount>(a.shared) * block_tokens), state_from,
                         state_from > 0 ? read_state(*ranks_, *a.slot) : initial_state);
     const TokenCount total = q.prompt_tokens + q.output_tokens;
-    const TokenCount save_at = total > 1 ? ((total - 1) / chunk_tokens) * chunk_tokens : 0;
     a.stops.clear();
-    a.checkpoint_at = 0;
-    if (o_.offload && model_.stateful && save_at > 0 && save_at > resume) {
-      a.checkpoint_at = save_at;
-      a.stops.push_back(Stop{save_at, now_ms_ + compute_ms(q, resume, save_at)});
+    a.generation_end = 0;
+    a.captured.reset();
+    if (o_.offload && model_.stateful) {
+      std::vector<TokenCount> at;
+      for (const TokenCount b : a.checkpoints)
+        if (b > resume) at.push_back(b);
+      if (const std::optional<TokenCount> end = generation_end_checkpoint(total, grids, o_.checkpoints); end && *end > resume) {
+        a.generation_end = *end;
+        at.push_back(*end);
+      }
+      std::sort(at.begin(), at.end());
+      at.erase(std::unique(at.begin(), at.end()), at.end());
+      for (const TokenCount b : at) a.stops.push_back(Stop{b, now_ms_ + compute_ms(q, resume, b)});
     }
     const double prefill = static_cast<double>(q.prompt_tokens - std::min(resume, q.prompt_tokens)) / prefill_tokens_per_ms;
     a.stops.push_back(Stop{total, now_ms_ + prefill + decode_ms_per_token * static_cast<double>(q.output_tokens)});
@@ -309,14 +328,36 @@ class Engine final : private FaultSite {
         const Stop stop = a.stops.front();
         a.stops.erase(a.stops.begin());
         const std::uint64_t state = a.forward.run_to(*ranks_, *a.req, a.blocks, stop.at);
-        if (stop.at == a.checkpoint_at) a.captured = Captured{stop.at, state};
+        const bool handed =
+            std::binary_search(a.checkpoints.begin(), a.checkpoints.end(), stop.at) && checkpoint(a, stop.at, state);
+        // A generation-end checkpoint that is also a prefill one went to the Coordinator already.
+        if (stop.at == a.generation_end && !handed) a.captured = Captured{stop.at, state};
       }
       if (a.stops.size() == 1 && a.stops.front().due_ms <= now_ms_) finish(id, a);
     }
   }
 
-  /// The rest of the forward, the output checksum, and finish(): the KV and the captured
-  /// checkpoint go to the Coordinator.
+  /// A planned prefill checkpoint, mid-prefill: the state at `boundary` is copied into a
+  /// snapshot slot and handed to the Coordinator, which sends it (the slot comes back in a
+  /// step's `snapshots` once every rank read it) or already has it (the slot is free at once).
+  /// No free snapshot slot: skipped and counted, the prefill goes on. Returns whether the
+  /// Coordinator has the checkpoint now (saved, or already indexed or being saved).
+  bool checkpoint(const Attempt& a, TokenCount boundary, std::uint64_t state) {
+    if (snapshots_.empty()) {
+      ++result_.checkpoints_skipped;
+      return false;
+    }
+    const SlotId snapshot = snapshots_.take();
+    write_state(*ranks_, snapshot, state);
+    const Checkpoint c{boundary, StateChain::of(model_.id, *a.req, boundary)};
+    const CheckpointResult r = coord_.checkpoint(a.request, c, snapshot);
+    if (r == CheckpointResult::saved) faults_.checkpoint_saved(*a.req, c.hash);
+    else (void)snapshots_.give(snapshot);  // nothing was sent: nothing reads it
+    return r == CheckpointResult::saved || r == CheckpointResult::already_indexed;
+  }
+
+  /// The rest of the forward, the output checksum, and finish(): the KV and the
+  /// generation-end checkpoint go to the Coordinator.
   void finish(AdmissionId id, Attempt& a) {
     const Request& q = *a.req;
     const TokenCount total = q.prompt_tokens + q.output_tokens;
@@ -346,7 +387,7 @@ class Engine final : private FaultSite {
   /// Blocks and slot back to the pools (published blocks stay cached).
   void release(Attempt& a) {
     for (const BlockId b : a.blocks) blocks_.release(b);
-    if (a.slot) slots_.give(*a.slot);
+    if (a.slot && !slots_.give(*a.slot)) ++sim_violations_;  // a slot given back twice
   }
 
   // ---- the coordinator's events ------------------------------------------------------------
@@ -364,7 +405,9 @@ class Engine final : private FaultSite {
       release(it->second);
       attempts_.erase(it);
     }
-    if (s.records == 0 && s.unparked.empty() && s.freed.empty() && (parked_ > 0 || waiting_for_ranks()))
+    for (const SlotId snapshot : s.snapshots)
+      if (!snapshots_.give(snapshot)) ++sim_violations_;  // not a snapshot slot, or handed back twice
+    if (s.records == 0 && s.unparked.empty() && s.freed.empty() && s.snapshots.empty() && (parked_ > 0 || waiting_for_ranks()))
       std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 
@@ -462,7 +505,9 @@ class Engine final : private FaultSite {
                    (unsigned long long)is.invariant_violations, (unsigned long long)cs.invariant_violations,
                    (unsigned long long)sim_violations_, consistency.ok ? "ok" : consistency.problem.c_str());
     r.stranded_parked = static_cast<std::uint64_t>(parked_) + cs.waiting_now;
-    r.leaked_slots = slots_.taken() + blocks_.pinned() + attempts_.size() + cs.holding_now;
+    r.leaked_slots = slots_.taken() + snapshots_.taken() + blocks_.pinned() + attempts_.size() + cs.holding_now;
+    r.checkpoints_saved = cs.checkpoints_saved;
+    r.checkpoints_deduplicated = cs.checkpoints_deduplicated;
     r.kv_loads_sent = transport_.kv_loads_sent();
     faults_.collect();
     RunResult::Snapshot& snap = r.snapshot;
@@ -474,6 +519,7 @@ class Engine final : private FaultSite {
       snap.tiers.push_back(ranks_->tier(i).snapshot());
       r.staging_bytes += snap.connectors.back().standing_staging_bytes;
       r.tier_calls += snap.tiers.back().calls;
+      r.state_bytes_stored += snap.tiers.back().calls.state_bytes_put;
     }
     if (composition_) snap.pd = composition_->stats();
   }
@@ -519,6 +565,7 @@ class Engine final : private FaultSite {
   std::unique_ptr<LoopbackComposition> composition_;
   BlockCache blocks_;
   SlotPool slots_;
+  SlotPool snapshots_;  // after the request slots
 
   std::unordered_map<AdmissionId, Attempt> attempts_;
   std::unordered_map<RequestId, AdmissionId> live_;  // each request's admission that has not ended

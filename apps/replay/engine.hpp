@@ -7,6 +7,9 @@
 #include "tiers.hpp"
 #include "workload.hpp"
 
+#include <kvfuse/engine/checkpoint_policy.hpp>
+#include <kvfuse/engine/index_options.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -19,7 +22,14 @@ struct RunOptions {
   std::size_t tier = 0;        ///< the ranks' tier: an index in the tier table
   TierOptions tier_options;    ///< what every rank's tier is built from (the faults adjust it per rank)
   std::uint32_t num_blocks = 1024;  ///< the device block pool (all ranks alike)
-  std::uint32_t num_slots = 16;     ///< the device state slot pool
+  std::uint32_t num_slots = 16;     ///< the device state slot pool: one per admitted request
+  /// Snapshot slots per rank, beside the request slots in the same device slot memory: a
+  /// prefill checkpoint is copied into one and read from it by the save. None free at a
+  /// checkpoint: that checkpoint is skipped (counted), the prefill never waits.
+  std::uint32_t snapshot_slots = 16;
+  kvfuse::CheckpointPolicy checkpoints{};  ///< where stateful requests capture state checkpoints
+  std::size_t state_capacity = std::size_t{1} << 18;             ///< the index's state hash capacity
+  kvfuse::HashEviction hash_eviction = kvfuse::HashEviction::lru;  ///< which state hash goes at that capacity
   bool offload = true;              ///< false: the first pass of --two-pass (no loads, no saves, no faults)
   bool sync_saves = false;          ///< each request's saves land before the next arrives
   double speed = 0;                 ///< 0: as fast as possible; else simulated ms per wall ms

@@ -164,7 +164,9 @@ int main(int argc, char** argv) {
   std::string dir = std::filesystem::temp_directory_path().string(), trace, tier = "memory+disk", capacity = "1MiB", faults = "all", json_out, metrics_out;
   std::size_t limit = 0, sessions = 24, turns = 6;
   std::uint64_t seed = 1;
-  std::uint32_t ranks = 8, blocks = 0, slots = 16;
+  std::uint32_t ranks = 8, blocks = 0, slots = 16, snapshot_slots = RunOptions{}.snapshot_slots;
+  std::string checkpoints = "default", hash_eviction = "lru";
+  std::size_t state_capacity = RunOptions{}.state_capacity;
   double speed = 0;
   bool two_pass = false, sync_saves = false;
   app.add_option("--model", models, model_help)->delimiter(',')->check(CLI::IsMember(selectable));
@@ -182,7 +184,22 @@ int main(int argc, char** argv) {
   app.add_option("--tier-capacity", capacity, "bytes of each rank's memory tier (1MiB, 64KiB, ...) or unlimited");
   app.add_option("--blocks", blocks, "device KV blocks of 64 tokens per rank (default: twice the longest request)")
       ->check(positive);
-  app.add_option("--slots", slots, "device state slots per rank")->check(CLI::Range(1, 4096));
+  app.add_option("--slots", slots, "device state slots per rank, one per admitted request")->check(CLI::Range(1, 4096));
+  app.add_option("--snapshot-slots", snapshot_slots,
+                 "device state slots per rank beside --slots that prefill checkpoints are copied into until saved; "
+                 "none free: the checkpoint is skipped (counted)")
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--checkpoints", checkpoints,
+                 "where stateful models capture state checkpoints: default (branch point, prompt end, every 8 chunks, "
+                 "at most 4, and the generation end), last (the generation end only), all (every chunk), every:N "
+                 "(every N chunks and the generation end)");
+  app.add_option("--state-capacity", state_capacity,
+                 "state checkpoints the engine's index keeps servable (its hash capacity), 1 to 2147483648")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 31));
+  app.add_option("--hash-eviction", hash_eviction,
+                 "which checkpoint the index drops at --state-capacity: lru (least recently used) or spared_tokens "
+                 "(of the 8 least recently used, the one sparing the fewest tokens)")
+      ->check(CLI::IsMember({"lru", "spared_tokens"}));
   app.add_option("--dir", dir, "where the disk tiers live (a temporary directory under it, removed at exit)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--faults", faults, fault_help);
@@ -238,6 +255,14 @@ int main(int argc, char** argv) {
 #endif
   }
   o.num_slots = slots;
+  o.snapshot_slots = snapshot_slots;
+  try {
+    o.checkpoints = kvfuse::checkpoint_policy_named(checkpoints);
+  } catch (const kvfuse::Error& e) {
+    return usage_error(app, std::string("--checkpoints: ") + e.what());
+  }
+  o.state_capacity = state_capacity;
+  o.hash_eviction = hash_eviction == "spared_tokens" ? kvfuse::HashEviction::spared_tokens : kvfuse::HashEviction::lru;
   if (capacity == "unlimited") {
     o.tier_options.memory_bytes = std::size_t{1} << 62;
   } else {
@@ -299,14 +324,15 @@ int main(int argc, char** argv) {
   print_table(reports, w);
   nlohmann::json options = {{"ranks", ranks},         {"tier", tier},       {"tier_capacity", capacity}, {"faults", faults},
                             {"two_pass", two_pass},   {"sync_saves", sync_saves}, {"seed", seed},  {"blocks", o.num_blocks},
-                            {"slots", slots}};
+                            {"slots", slots},         {"snapshot_slots", snapshot_slots}, {"checkpoints", checkpoints},
+                            {"state_capacity", state_capacity}, {"hash_eviction", hash_eviction}};
   const nlohmann::json j = to_json(reports, w, options);
   try {
     if (!json_out.empty()) write_whole(json_out, j.dump(2) + "\n");
     if (!metrics_out.empty()) {
       kvfuse::PrometheusText text;
       for (const ModelReport& m : reports) add_metrics(text, m.run);
-      write_whole(metrics_out, text.str());
+      write_whole(metrics_out, text.str() + replay_metrics(reports, w));
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvfuse-replay: %s\n", e.what());

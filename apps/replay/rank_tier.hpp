@@ -35,6 +35,8 @@ struct TierCalls {
   std::uint64_t puts = 0;
   std::uint64_t contains = 0;
   std::uint64_t erases = 0;
+  std::uint64_t state_puts = 0;        ///< ... of the puts: state checkpoints the tier stored
+  std::uint64_t state_bytes_put = 0;   ///< their bytes
   std::uint64_t total() const noexcept { return kv_reads + state_reads + puts + contains + erases; }
   TierCalls& operator+=(const TierCalls& o) noexcept {
     kv_reads += o.kv_reads;
@@ -43,6 +45,8 @@ struct TierCalls {
     puts += o.puts;
     contains += o.contains;
     erases += o.erases;
+    state_puts += o.state_puts;
+    state_bytes_put += o.state_bytes_put;
     return *this;
   }
 };
@@ -113,7 +117,12 @@ class RankTier final : public TierControl {
   }
   bool put(const kvfuse::TierKey& key, std::span<const std::byte> bytes) noexcept {
     count(puts_);
-    return inner_.put(key, bytes);
+    const bool stored = inner_.put(key, bytes);
+    if (stored && key.kind == kvfuse::EntryKind::state) {
+      count(state_puts_);
+      count(state_bytes_put_, bytes.size());
+    }
+    return stored;
   }
   bool contains(const kvfuse::TierKey& key) const noexcept override {
     count(contains_);
@@ -141,7 +150,8 @@ class RankTier final : public TierControl {
   }
   TierSnapshot snapshot() const override {
     TierSnapshot s;
-    s.calls = TierCalls{load(kv_reads_), load(kv_chunks_read_), load(state_reads_), load(puts_), load(contains_), load(erases_)};
+    s.calls = TierCalls{load(kv_reads_), load(kv_chunks_read_), load(state_reads_), load(puts_), load(contains_), load(erases_),
+                       load(state_puts_), load(state_bytes_put_)};
     if constexpr (std::is_same_v<Inner, LocalTier>) {
       s.memory = inner_.memory_stats();
       s.disk = inner_.disk_stats();
@@ -167,7 +177,7 @@ class RankTier final : public TierControl {
 
   Inner inner_;
   std::atomic<std::uint32_t> delay_us_{0};
-  mutable Counter kv_reads_{0}, kv_chunks_read_{0}, state_reads_{0}, puts_{0}, contains_{0}, erases_{0};
+  mutable Counter kv_reads_{0}, kv_chunks_read_{0}, state_reads_{0}, puts_{0}, contains_{0}, erases_{0}, state_puts_{0}, state_bytes_put_{0};
 };
 
 static_assert(!kvfuse::BatchedTier<RankTier<LocalTier>>);

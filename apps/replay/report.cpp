@@ -2,6 +2,7 @@
 #include "report.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 
 namespace replay {
@@ -22,6 +23,14 @@ nlohmann::json loads_json(const RunResult& r) {
 }
 
 /// How a row's value reads in the table by default.
+std::uint64_t reused(const RunResult& r) { return r.reused_hbm + r.reused_tier; }
+
+double per_request(std::uint64_t v, const RunResult& r) {
+  return static_cast<double>(v) / static_cast<double>(std::max<std::size_t>(1, r.requests));
+}
+
+std::string percent(double share) { return fixed(100.0 * share, 2) + "%"; }
+
 std::string plain(const nlohmann::json& v) {
   if (v.is_number_unsigned()) return thousands(v.get<std::uint64_t>());
   if (v.is_number()) return fixed(v.get<double>(), 0);
@@ -41,7 +50,13 @@ std::string thousands(std::uint64_t v) {
   return out;
 }
 
-std::vector<Row> report_rows(const Workload& w) {
+std::optional<std::uint64_t> dense_reused(const std::vector<ModelReport>& models) {
+  for (const ModelReport& m : models)
+    if (m.run.model == "dense") return reused(m.run);
+  return std::nullopt;
+}
+
+std::vector<Row> report_rows(const Workload& w, std::optional<std::uint64_t> dense) {
   using J = nlohmann::json;
   using M = const ModelReport&;
   std::vector<Row> rows;
@@ -66,13 +81,31 @@ std::vector<Row> report_rows(const Workload& w) {
   add("prompt tokens", "/reused_tokens/prompt_tokens", [](M m) { return m.run.prompt_tokens; });
   add("reused tokens: from HBM", "/reused_tokens/hbm", [](M m) { return m.run.reused_hbm; });
   add("               from the tier", "/reused_tokens/tier", [](M m) { return m.run.reused_tier; });
-  if (w.from_trace)
-    add("               total / trace bound", "", {}, [bound = w.reuse_bound](M m) {
-      return fixed(100.0 * static_cast<double>(m.run.reused_hbm + m.run.reused_tier) /
-                       static_cast<double>(std::max<std::uint64_t>(1, bound)),
-                   2) +
-             "%";
-    });
+  if (w.from_trace) {
+    auto of_bound = [bound = w.reuse_bound](M m) {
+      return static_cast<double>(reused(m.run)) / static_cast<double>(std::max<std::uint64_t>(1, bound));
+    };
+    add("               total / trace bound", "/reused_share_of_bound", of_bound, [=](M m) { return percent(of_bound(m)); });
+  }
+  // Beside the bound, what the hybrid models lose to the dense one on the same workload: a
+  // stateful model resumes only where a state checkpoint was saved.
+  auto of_dense = [dense](M m) -> std::optional<double> {
+    if (!dense) return std::nullopt;
+    return static_cast<double>(reused(m.run)) / static_cast<double>(std::max<std::uint64_t>(1, *dense));
+  };
+  add("               total / dense's", "/reused_share_of_dense",
+      [=](M m) { return of_dense(m) ? J(*of_dense(m)) : J(nullptr); },
+      [=](M m) { return of_dense(m) ? percent(*of_dense(m)) : std::string("n/a"); });
+  add("checkpoints: saved per request", "/checkpoints_per_request",
+      [](M m) { return per_request(m.run.checkpoints_saved, m.run); },
+      [](M m) { return m.model->stateful ? fixed(per_request(m.run.checkpoints_saved, m.run), 2) : "-"; });
+  add("             state bytes per request", "/state_bytes_per_request",
+      [](M m) { return per_request(m.run.state_bytes_stored, m.run); },
+      [](M m) { return m.model->stateful ? thousands(static_cast<std::uint64_t>(per_request(m.run.state_bytes_stored, m.run))) : "-"; });
+  add("             deduplicated", "/checkpoints/deduplicated", [](M m) { return m.run.checkpoints_deduplicated; });
+  add("             skipped: no snapshot slot", "/checkpoints/skipped", [](M m) { return m.run.checkpoints_skipped; });
+  add("", "/checkpoints/saved", [](M m) { return m.run.checkpoints_saved; });
+  add("", "/checkpoints/state_bytes", [](M m) { return m.run.state_bytes_stored; });
   add("hashes retracted", "/hashes_retracted", [](M m) { return m.run.hashes_retracted; });
   add("late reports", "/late_reports", [](M m) { return m.run.late_reports; });
   add("orphans reclaimed", "/orphans_reclaimed", [](M m) { return m.run.orphans_reclaimed; });
@@ -133,7 +166,7 @@ void print_table(const std::vector<ModelReport>& models, const Workload& w) {
   std::printf("\n  %-34s", "");
   for (const ModelReport& m : models) std::printf(" %14s", m.run.model.c_str());
   std::printf("\n");
-  for (const Row& row : report_rows(w)) {
+  for (const Row& row : report_rows(w, dense_reused(models))) {
     if (row.label.empty()) continue;
     if (!row.value && !row.show) {
       std::printf("  %s\n", row.label.c_str());
@@ -159,7 +192,7 @@ nlohmann::json to_json(const std::vector<ModelReport>& models, const Workload& w
                    {"reuse_bound_tokens", w.from_trace ? nlohmann::json(w.reuse_bound) : nlohmann::json(nullptr)}};
   j["options"] = options;
   bool ok = true;
-  const std::vector<Row> rows = report_rows(w);
+  const std::vector<Row> rows = report_rows(w, dense_reused(models));
   for (const ModelReport& m : models) {
     nlohmann::json x = nlohmann::json::object();
     for (const Row& row : rows)
@@ -169,6 +202,42 @@ nlohmann::json to_json(const std::vector<ModelReport>& models, const Workload& w
   }
   j["ok"] = ok;
   return j;
+}
+
+std::string replay_metrics(const std::vector<ModelReport>& models, const Workload& w) {
+  const std::optional<std::uint64_t> dense = dense_reused(models);
+  std::string out;
+  auto number = [](double v) {
+    char b[32];
+    const auto r = std::to_chars(b, b + sizeof b, v);
+    return std::string(b, r.ptr);
+  };
+  auto family = [&](const char* name, const char* type, const char* help, auto value) {
+    std::string samples;
+    for (const ModelReport& m : models)
+      if (const std::optional<double> v = value(m.run))
+        samples += std::string(name) + "{model=\"" + m.run.model + "\"} " + number(*v) + "\n";
+    if (samples.empty()) return;
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + samples;
+  };
+  using O = std::optional<double>;
+  family("kvfuse_replay_checkpoints_per_request", "gauge", "State checkpoints saved per request of the workload.",
+         [](const RunResult& r) -> O { return per_request(r.checkpoints_saved, r); });
+  family("kvfuse_replay_checkpoints_skipped_total", "counter", "Prefill checkpoints skipped: no snapshot slot was free.",
+         [](const RunResult& r) -> O { return static_cast<double>(r.checkpoints_skipped); });
+  family("kvfuse_replay_reused_share_of_bound", "gauge", "Reused prompt tokens (HBM and tier) over the trace's reuse bound.",
+         [&](const RunResult& r) -> O {
+           if (!w.from_trace) return std::nullopt;
+           return static_cast<double>(reused(r)) / static_cast<double>(std::max<std::uint64_t>(1, w.reuse_bound));
+         });
+  family("kvfuse_replay_reused_share_of_dense", "gauge",
+         "Reused prompt tokens over the dense model's on the same workload in the same run.", [&](const RunResult& r) -> O {
+           if (!dense) return std::nullopt;
+           return static_cast<double>(reused(r)) / static_cast<double>(std::max<std::uint64_t>(1, *dense));
+         });
+  family("kvfuse_replay_state_bytes_per_request", "gauge", "State checkpoint bytes the tiers stored (all ranks) per request.",
+         [](const RunResult& r) -> O { return per_request(r.state_bytes_stored, r); });
+  return out;
 }
 
 }  // namespace replay

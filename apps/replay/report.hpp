@@ -95,11 +95,21 @@ struct Row {
   std::function<std::string(const ModelReport&)> show;
 };
 
-/// The report's rows, top to bottom (report.cpp). `w` decides the trace-only rows.
-std::vector<Row> report_rows(const Workload& w);
+/// The dense model's reused tokens (HBM + tier) when it is among `models`.
+std::optional<std::uint64_t> dense_reused(const std::vector<ModelReport>& models);
+
+/// The report's rows, top to bottom (report.cpp). `w` decides the trace-only rows; `dense`
+/// (dense_reused) the share of the dense model's reuse ("n/a" without it).
+std::vector<Row> report_rows(const Workload& w, std::optional<std::uint64_t> dense);
 
 /// The terminal table: one column per model, then what each compared pass is.
 void print_table(const std::vector<ModelReport>& models, const Workload& w);
+
+/// The replay's own Prometheus families (kvfuse_replay_*, one sample per model): the
+/// checkpoints and state bytes per request, the skipped checkpoints, and the reused shares
+/// of the bound (a trace) and of the dense model's (when it ran). Appended to the stats'
+/// exposition by --metrics-out.
+std::string replay_metrics(const std::vector<ModelReport>& models, const Workload& w);
 
 /// The same numbers for machines.
 nlohmann::json to_json(const std::vector<ModelReport>& models, const Workload& w, const nlohmann::json& options);

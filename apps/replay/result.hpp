@@ -48,6 +48,10 @@ struct RunResult {
   Latency joint, kv_only, state_only;  ///< loads that resumed their request, by kind
   std::uint64_t staging_bytes = 0, verified_bytes = 0;
   std::uint64_t kv_loads_sent = 0;     ///< loads with a KV leg handed to a rank, per rank
+  std::uint64_t checkpoints_saved = 0;         ///< state checkpoints sent (mid-prefill and at finish)
+  std::uint64_t checkpoints_deduplicated = 0;  ///< not sent: the index already had the hash
+  std::uint64_t checkpoints_skipped = 0;       ///< prefill checkpoints not taken: no snapshot slot was free
+  std::uint64_t state_bytes_stored = 0;        ///< state bytes the ranks' tiers stored, all ranks
   TierCalls tier_calls;                ///< every rank's tier calls, summed
   double wall_seconds = 0;
   // the numbers that must be zero

@@ -13,6 +13,7 @@
 #include <kvfuse/bridge/load_request.hpp>
 #include <kvfuse/bridge/save_request.hpp>
 #include <kvfuse/bridge/records.hpp>
+#include <kvfuse/bridge/frames.hpp>
 #include <kvfuse/bridge/resolution.hpp>
 
 // engine side

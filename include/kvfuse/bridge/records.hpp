@@ -187,21 +187,62 @@ inline constexpr std::uint8_t record_format_version = 2;
 /// The encoded form of one record.
 using RecordBytes = std::array<std::byte, record_wire_bytes>;
 
-/// Why from_bytes refused a buffer. Every refusal is reported; no input is undefined behaviour.
+/// Why a decoder refused a buffer: a record's (here) or a frame's (bridge/frames.hpp). One
+/// vocabulary for every byte layout kvfuse reads, so a transport that carries both reports
+/// one type. Every refusal is reported; no input is undefined behaviour. Values are stable:
+/// new ones are appended.
 enum class DecodeError : std::uint8_t {
   none = 0,
-  wrong_size = 1,     ///< the buffer is not exactly record_wire_bytes long (truncated, padded, or v1)
-  bad_kv = 2,         ///< byte 22 of a load record is not a KvOutcome
-  bad_state = 3,      ///< byte 23 of a load record is not a StateOutcome
-  bad_reason = 4,     ///< a reason is above last_reason
-  bad_bool = 5,       ///< the ok byte of a save record is neither 0 nor 1
-  bad_version = 6,    ///< byte 20 is not record_format_version
-  wrong_kind = 7,     ///< byte 21 names the other record type
-  bad_phase = 8,      ///< byte 22 of a save record is not a SavePhase
-  bad_reserved = 9,   ///< a reserved byte is not zero
+  wrong_size = 1,         ///< a record buffer is not exactly record_wire_bytes long (truncated, padded, or v1)
+  bad_kv = 2,             ///< byte 22 of a load record is not a KvOutcome
+  bad_state = 3,          ///< byte 23 of a load record is not a StateOutcome
+  bad_reason = 4,         ///< a reason is above last_reason
+  bad_bool = 5,           ///< a flag byte (a save record's ok, a frame's leg presence) is neither 0 nor 1
+  bad_version = 6,        ///< the format version byte is not the one this build reads
+  wrong_kind = 7,         ///< the kind byte names another record or frame type than the decoder's
+  bad_phase = 8,          ///< byte 22 of a save record is not a SavePhase
+  bad_reserved = 9,       ///< a reserved byte is not zero
+  truncated = 10,         ///< a frame buffer ends before its header does, or before the length it declares
+  trailing_bytes = 11,    ///< bytes follow a frame's last field: in the buffer past the declared length, or inside it
+  frame_too_large = 12,   ///< a frame declares a length above max_frame_bytes
+  fields_overrun = 13,    ///< a frame's fields, as its leg flags and counts size them, need more bytes than it declares
+  too_many_chunks = 14,   ///< a frame's chunk count is above max_frame_chunks
+  too_many_blocks = 15,   ///< a frame's block count is above max_frame_blocks
+  unknown_kind = 16,      ///< the kind byte is no WireKind this build knows
+  out_of_memory = 17,     ///< the decoded value's vectors could not be allocated (never more than the frame's own size)
 };
 
-/// The result of decoding: `record` is meaningful only when `error == DecodeError::none`.
+/// Short, stable name of a DecodeError ("truncated", ...), for logs. Thread-safe, constexpr, noexcept.
+constexpr std::string_view to_string(DecodeError e) noexcept {
+  switch (e) {
+    case DecodeError::none: return "none";
+    case DecodeError::wrong_size: return "wrong_size";
+    case DecodeError::bad_kv: return "bad_kv";
+    case DecodeError::bad_state: return "bad_state";
+    case DecodeError::bad_reason: return "bad_reason";
+    case DecodeError::bad_bool: return "bad_bool";
+    case DecodeError::bad_version: return "bad_version";
+    case DecodeError::wrong_kind: return "wrong_kind";
+    case DecodeError::bad_phase: return "bad_phase";
+    case DecodeError::bad_reserved: return "bad_reserved";
+    case DecodeError::truncated: return "truncated";
+    case DecodeError::trailing_bytes: return "trailing_bytes";
+    case DecodeError::frame_too_large: return "frame_too_large";
+    case DecodeError::fields_overrun: return "fields_overrun";
+    case DecodeError::too_many_chunks: return "too_many_chunks";
+    case DecodeError::too_many_blocks: return "too_many_blocks";
+    case DecodeError::unknown_kind: return "unknown_kind";
+    case DecodeError::out_of_memory: return "out_of_memory";
+  }
+  return "unknown_decode_error";
+}
+
+/// The highest DecodeError value this build knows. Keep it last.
+inline constexpr DecodeError last_decode_error = DecodeError::out_of_memory;
+
+/// The result of decoding a record, a frame (bridge/frames.hpp) or a frame header: `record`
+/// holds the decoded value and is meaningful only when `error == DecodeError::none`; on a
+/// refusal it is value-initialised, never partly filled.
 template <class Record>
 struct Decoded {
   Record record{};

@@ -31,8 +31,11 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdint>
+#include <ctime>
 
 #if defined(__linux__)
 #include <linux/futex.h>
@@ -51,7 +54,10 @@ struct NoNotifyHook {
 /// sleep on its address. `NotifyHook::between_steps()` (static, noexcept) runs inside
 /// every notify, after the epoch is bumped and before sleepers are looked for: a test
 /// holds the notifier there; everything else uses EventCount (NoNotifyHook).
-template <class NotifyHook = NoNotifyHook>
+/// `ProcessShared`: the futex is keyed by the physical page, not the process, so the event
+/// count works across processes that map it from one shared memory segment (it holds two
+/// plain 32-bit atomics and no pointer: address-free); otherwise a cheaper private futex.
+template <class NotifyHook = NoNotifyHook, bool ProcessShared = false>
 class BasicEventCount {
  public:
   /// What the caller saw before it checked its condition. Any thread; wait-free.
@@ -70,6 +76,16 @@ class BasicEventCount {
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     if (epoch_.load(std::memory_order_seq_cst) == key) sleep(key);
     sleepers_.fetch_sub(1, std::memory_order_release);
+  }
+
+  /// As wait(), but gives up after `timeout`: returns false when it timed out (the caller
+  /// checks its condition either way). Any thread; blocks at most about `timeout`.
+  bool wait_for(Key key, std::chrono::nanoseconds timeout) noexcept {
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    bool woken = true;
+    if (epoch_.load(std::memory_order_seq_cst) == key) woken = sleep_for(key, timeout);
+    sleepers_.fetch_sub(1, std::memory_order_release);
+    return woken;
   }
 
   /// Blocks until `ready()` is true: takes a key, checks, sleeps, again. `ready` is read
@@ -117,16 +133,31 @@ class BasicEventCount {
   }
 
 #if defined(__linux__)
+  static constexpr int wait_op = ProcessShared ? FUTEX_WAIT : FUTEX_WAIT_PRIVATE;
+  static constexpr int wake_op = ProcessShared ? FUTEX_WAKE : FUTEX_WAKE_PRIVATE;
   void sleep(Key key) noexcept {
     // EAGAIN (the epoch moved on) and EINTR both return to the caller's loop.
-    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&epoch_), FUTEX_WAIT_PRIVATE, key, nullptr, nullptr, 0);
+    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&epoch_), wait_op, key, nullptr, nullptr, 0);
+  }
+  // False when the timeout ran out.
+  bool sleep_for(Key key, std::chrono::nanoseconds timeout) noexcept {
+    const auto s = std::chrono::duration_cast<std::chrono::seconds>(timeout);
+    timespec ts{static_cast<time_t>(s.count()), static_cast<long>((timeout - s).count())};
+    const long r = ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&epoch_), wait_op, key, &ts, nullptr, 0);
+    return !(r == -1 && errno == ETIMEDOUT);
   }
   void wake(int waiters) noexcept {
-    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&epoch_), FUTEX_WAKE_PRIVATE, waiters, nullptr,
-                    nullptr, 0);
+    (void)::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&epoch_), wake_op, waiters, nullptr, nullptr, 0);
   }
 #else
+  static_assert(!ProcessShared, "a process-shared event count needs Linux futexes");
   void sleep(Key key) noexcept { epoch_.wait(key, std::memory_order_seq_cst); }
+  bool sleep_for(Key key, std::chrono::nanoseconds timeout) noexcept {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (epoch_.load(std::memory_order_seq_cst) == key)
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+    return true;
+  }
   void wake(int waiters) noexcept {
     if (waiters == 1) epoch_.notify_one();
     else epoch_.notify_all();
@@ -141,5 +172,7 @@ class BasicEventCount {
 
 /// The event count the library uses: no hook.
 using EventCount = BasicEventCount<>;
+/// The same across processes: lives in a shared memory segment (ipc/).
+using SharedEventCount = BasicEventCount<NoNotifyHook, true>;
 
 }  // namespace kvfuse::detail
