@@ -68,6 +68,7 @@
 #include <sys/prctl.h>
 #include <time.h>
 
+#include <kvfuse/completion/group_wrapper.hpp>
 #include <kvfuse/completion/single_rank.hpp>
 #include <kvfuse/compose/presets.hpp>
 #include <kvfuse/device/host_runtime.hpp>
@@ -326,7 +327,7 @@ struct RecordSink {
 /// 2-core machine would take a core from the lanes. The record is still drained from
 /// SingleRank's queue; the doorbell (an atomic add, plus a futex wake while the engine
 /// thread sleeps) and the scheduler thread's wake-up are charged to the connector.
-class BellGroup {
+class BellGroup : public GroupWrapper<SingleRank> {
  public:
   /// A SingleRank lane emitter that rings the bell after each record. Lane thread only.
   class Emitter {
@@ -353,13 +354,12 @@ class BellGroup {
     std::atomic<int>* cpu_;
   };
 
-  explicit BellGroup(SingleRankOptions config = {}) : inner_(config) {}
+  explicit BellGroup(SingleRankOptions config = {}) : GroupWrapper(config) {}
 
   /// How long await_record polls the bell before it sleeps on it: an engine loop that
   /// busy-polls its records for a while instead of sleeping (0: sleep at once, the default).
   void set_poll(std::chrono::nanoseconds poll) noexcept { poll_ = poll; }
 
-  [[nodiscard]] std::uint32_t world_size() const noexcept { return inner_.world_size(); }
   [[nodiscard]] Emitter emitter(std::uint32_t rank, std::size_t lane) {
     return Emitter(inner_.emitter(rank, lane), bell_, emit_cpu_);
   }
@@ -377,26 +377,6 @@ class BellGroup {
   std::size_t drain(Visitor& visitor) noexcept {
     return inner_.drain(visitor);
   }
-  template <AdmitPolicy Admit, SettlementSink Sink>
-  MergeResult merge(std::uint32_t rank, const CompletionRecord& r, Admit& admit, Sink& sink) noexcept {
-    return inner_.merge(rank, r, admit, sink);
-  }
-  template <AdmitPolicy Admit, SettlementSink Sink>
-  MergeResult merge(std::uint32_t rank, const SaveRecord& r, Admit& admit, Sink& sink) noexcept {
-    return inner_.merge(rank, r, admit, sink);
-  }
-  template <SettlementSink Sink>
-  void mark_rank_dead(std::uint32_t rank, Sink& sink) {
-    inner_.mark_rank_dead(rank, sink);
-  }
-  template <class Key, SettlementSink Sink>
-  bool settle_if_unowed(const Key& key, Sink& sink) noexcept {
-    return inner_.settle_if_unowed(key, sink);
-  }
-  void mark_rank_alive(std::uint32_t rank, Generation first_counted) { inner_.mark_rank_alive(rank, first_counted); }
-  void forget(const LoadKey& key) noexcept { inner_.forget(key); }
-  void set_time(std::chrono::steady_clock::time_point now) noexcept { inner_.set_time(now); }
-  [[nodiscard]] GroupStats stats() const noexcept { return inner_.stats(); }
 
   /// Scheduler thread: drains the record of the one load in flight, sleeping on the bell
   /// until it is there.
@@ -418,7 +398,6 @@ class BellGroup {
   }
 
  private:
-  SingleRank inner_;
   std::atomic<std::uint32_t> bell_{0};
   std::atomic<int> emit_cpu_{-1};
   std::chrono::nanoseconds poll_{0};

@@ -5,6 +5,8 @@
 #include "connector_harness.hpp"
 #include "test_support.hpp"
 
+#include <kvfuse/completion/group_wrapper.hpp>
+
 #include <mutex>
 #include <string>
 #include <vector>
@@ -106,7 +108,7 @@ struct GatedTier {
 static_assert(Tier<GatedTier>);
 
 /// SingleRank whose emitters log the save records as the lane sends them.
-class LoggingGroup {
+class LoggingGroup : public GroupWrapper<SingleRank> {
  public:
   class Emitter {
    public:
@@ -120,31 +122,11 @@ class LoggingGroup {
    private:
     LaneEmitter inner_;
   };
-  [[nodiscard]] std::uint32_t world_size() const noexcept { return 1; }
   [[nodiscard]] Emitter emitter(std::uint32_t rank, std::size_t lane) { return Emitter(inner_.emitter(rank, lane)); }
   template <class Visitor>
   std::size_t drain(Visitor& visitor) noexcept {
     return inner_.drain(visitor);
   }
-  template <AdmitPolicy Admit, SettlementSink Sink, class Record>
-  MergeResult merge(std::uint32_t rank, const Record& r, Admit& admit, Sink& sink) noexcept {
-    return inner_.merge(rank, r, admit, sink);
-  }
-  template <SettlementSink Sink>
-  void mark_rank_dead(std::uint32_t rank, Sink& sink) {
-    inner_.mark_rank_dead(rank, sink);
-  }
-  template <class Key, SettlementSink Sink>
-  bool settle_if_unowed(const Key& key, Sink& sink) noexcept {
-    return inner_.settle_if_unowed(key, sink);
-  }
-  void mark_rank_alive(std::uint32_t rank, Generation g) { inner_.mark_rank_alive(rank, g); }
-  void forget(const LoadKey& key) noexcept { inner_.forget(key); }
-  void set_time(std::chrono::steady_clock::time_point now) noexcept { inner_.set_time(now); }
-  [[nodiscard]] GroupStats stats() const noexcept { return inner_.stats(); }
-
- private:
-  SingleRank inner_;
 };
 static_assert(CompletionGroup<LoggingGroup>);
 

@@ -31,6 +31,7 @@
 
 // completion path
 #include <kvfuse/completion/group.hpp>
+#include <kvfuse/completion/group_wrapper.hpp>
 #include <kvfuse/completion/rank_queue.hpp>
 #include <kvfuse/completion/single_rank.hpp>
 #include <kvfuse/completion/tp_quorum.hpp>

@@ -46,6 +46,7 @@
 #include <kvfuse/bridge/frames.hpp>
 #include <kvfuse/bridge/records.hpp>
 #include <kvfuse/completion/group.hpp>
+#include <kvfuse/completion/group_wrapper.hpp>
 #include <kvfuse/completion/tp_quorum.hpp>
 #include <kvfuse/error.hpp>
 #include <kvfuse/ipc/shm_emitter.hpp>
@@ -336,19 +337,16 @@ class ShmEngine {
 /// every attached rank's rings and merges through an inner TpQuorum (R3, R4). Engine side:
 /// scheduler thread only, like TpQuorum. emitter() is not for the engine: a rank process's
 /// emitters come from its ShmRank.
-class ShmQuorum {
+class ShmQuorum : public GroupWrapper<TpQuorum> {
  public:
   using Emitter = ShmEmitter;
 
   /// Drains `engine`'s rings, which must outlive the group. `tombstones` and
   /// `expected_pending` size the inner quorum (TpQuorumOptions).
   explicit ShmQuorum(ShmEngine& engine, std::size_t tombstones = 4096, std::size_t expected_pending = 4096)
-      : engine_(engine),
-        inner_(TpQuorumOptions{engine.world_size(), 0, 4096, tombstones, expected_pending, Backoff{}}) {}
+      : GroupWrapper(TpQuorumOptions{engine.world_size(), 0, 4096, tombstones, expected_pending, Backoff{}}), engine_(engine) {}
   ShmQuorum(const ShmQuorum&) = delete;
   ShmQuorum& operator=(const ShmQuorum&) = delete;
-
-  [[nodiscard]] std::uint32_t world_size() const noexcept { return inner_.world_size(); }
 
   /// Always throws Error(invalid_argument): in a rank process the emitters come from ShmRank.
   [[nodiscard]] Emitter emitter(std::uint32_t rank, std::size_t lane) {
@@ -371,28 +369,6 @@ class ShmQuorum {
     engine_.stats_.records_received += n;
     return n;
   }
-
-  /// TpQuorum's merge (failure-dominant, R4). Scheduler thread; noexcept.
-  template <AdmitPolicy Admit, SettlementSink Sink>
-  MergeResult merge(std::uint32_t source_rank, const CompletionRecord& r, Admit& admit, Sink& sink) noexcept {
-    return inner_.merge(source_rank, r, admit, sink);
-  }
-  template <AdmitPolicy Admit, SettlementSink Sink>
-  MergeResult merge(std::uint32_t source_rank, const SaveRecord& r, Admit& admit, Sink& sink) noexcept {
-    return inner_.merge(source_rank, r, admit, sink);
-  }
-  template <SettlementSink Sink>
-  void mark_rank_dead(std::uint32_t rank, Sink& sink) {
-    inner_.mark_rank_dead(rank, sink);
-  }
-  template <class Key, SettlementSink Sink>
-  bool settle_if_unowed(const Key& key, Sink& sink) noexcept {
-    return inner_.settle_if_unowed(key, sink);
-  }
-  void mark_rank_alive(std::uint32_t rank, Generation first_counted) { inner_.mark_rank_alive(rank, first_counted); }
-  void forget(const LoadKey& key) noexcept { inner_.forget(key); }
-  void set_time(std::chrono::steady_clock::time_point now) noexcept { inner_.set_time(now); }
-  [[nodiscard]] GroupStats stats() const noexcept { return inner_.stats(); }
 
  private:
   template <class Visitor>
@@ -418,7 +394,6 @@ class ShmQuorum {
   }
 
   ShmEngine& engine_;
-  TpQuorum inner_;
 };
 
 static_assert(CompletionGroup<ShmQuorum>);
