@@ -9,16 +9,18 @@ deps:
 	@scripts/deps.sh
 
 # The main job: build kvfuse-replay and run it on its default workload (every model, every
-# fault, two passes); it prints its report. Then kvfuse-llama: three llama.cpp models served
+# fault, two passes, one process per rank); it prints its report. RANKS_AS=threads runs the
+# ranks as threads of the engine's process. Then kvfuse-llama: three llama.cpp models served
 # twice, offload off and on, compared bit for bit (integrations/llama/, docs/llama.md).
 # REPLAY_ARGS and LLAMA_ARGS add options (see --help). OpenMP threads that sleep while they
 # wait leave the CPUs to kvfuse's lanes; it changes no result.
 REPLAY_ARGS ?=
+RANKS_AS ?= processes
 LLAMA_ARGS ?=
 demo: deps
 	cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) -DKVFUSE_BUILD_BENCH=OFF
 	cmake --build build/release --target kvfuse_replay kvfuse_llama_app -j $(JOBS)
-	./build/release/apps/replay/kvfuse-replay --two-pass $(REPLAY_ARGS)
+	./build/release/apps/replay/kvfuse-replay --two-pass --ranks-as $(RANKS_AS) $(REPLAY_ARGS)
 	OMP_WAIT_POLICY=PASSIVE ./build/release/integrations/llama/kvfuse-llama $(LLAMA_ARGS)
 
 # The whole suite: -Werror build + ctest, then again under ASan+UBSan, then the

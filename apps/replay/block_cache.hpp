@@ -66,6 +66,14 @@ class BlockCache {
     if (e.cached) e.lru = lru_.insert(lru_.end(), b.value);
     else free_.push_back(b.value);
   }
+  /// Forgets every published block (their bytes are gone): an unpinned one is free again,
+  /// a pinned one becomes free when its last pin goes.
+  void forget_cached() {
+    for (const std::uint32_t b : lru_) free_.push_back(b);
+    lru_.clear();
+    for (Entry& e : entries_) e.cached = false;
+    by_identity_.clear();
+  }
   /// Blocks some admission pins (0 once every admission was freed).
   std::size_t pinned() const {
     return static_cast<std::size_t>(std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.refs > 0; }));

@@ -19,14 +19,24 @@
   check_replay.py redis REPLAY          --tier redis against a redis-server started here (unix
                                         socket in a temporary directory): the five zeros, and
                                         one round trip per KV load
+  check_replay.py processes REPLAY      the faults test with --ranks-as processes: the five zeros,
+                                        the kill fault killed a rank process mid-load and the
+                                        engine saw it, tore down the running admissions and got
+                                        a new incarnation back; no rank process outlives the run,
+                                        nor an engine killed with SIGKILL
+  check_replay.py modes REPLAY TRACE    the first 200 requests with no fault, ranks as threads
+                                        and as processes: the same loads, reuse, checked bytes
+                                        and tier calls
 """
 import re
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 ZEROS = ["invariant_violations", "corrupted_bytes", "stranded_parked", "leaked_slots", "two_pass_delta"]
 
@@ -41,13 +51,13 @@ def fast_dir():
     return ["--dir", "/dev/shm"] if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else []
 
 
-def run(replay, args, expect_rc=0):
+def run(replay, args, expect_rc=0, env=None):
     args = [*args, *fast_dir()]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
         metrics = os.path.join(tmp, "metrics.prom")
         proc = subprocess.run([replay, *args, "--json", out, "--metrics-out", metrics],
-                              capture_output=True, text=True, timeout=1200)
+                              capture_output=True, text=True, timeout=1200, env=env)
         print(proc.stdout)
         if proc.returncode != expect_rc:
             print(proc.stderr)
@@ -77,12 +87,20 @@ def check_zeros(report, two_pass):
             fail(f"{name}: two passes compared only {model['two_pass']['compared']} outputs")
 
 
-def faults(replay):
-    # 320 blocks of 64 tokens: far less HBM than the sessions need, so prefixes come back from the tier.
-    # Seed 3: its coins abort and preempt requests in every model (seed 1 preempts none).
-    report = run(replay, ["--sessions", "10", "--turns", "5", "--ranks", "4", "--two-pass", "--tier-capacity", "256KiB",
-                          "--blocks", "320", "--seed", "3"])
+# 320 blocks of 64 tokens: far less HBM than the sessions need, so prefixes come back from the tier.
+# Seed 3: its coins abort and preempt requests in every model (seed 1 preempts none).
+FAULTS = ["--sessions", "10", "--turns", "5", "--ranks", "4", "--two-pass", "--tier-capacity", "256KiB",
+          "--blocks", "320", "--seed", "3"]
+
+
+def faults(replay, *extra, env=None):
+    report = run(replay, [*FAULTS, *extra], env=env)
     check_zeros(report, True)
+    check_faults_happened(report)
+    return report
+
+
+def check_faults_happened(report):
     models = report["models"]
     if set(models) != {"dense", "dsv4", "k3", "multi"}:
         fail(f"models replayed: {sorted(models)}")
@@ -109,6 +127,115 @@ def faults(replay):
     serial = models["k3"]["comparison"]
     if serial is None or serial["model"] != "k3-serial" or serial["latency"]["joint"]["count"] == 0:
         fail(f"k3: no joint load timed with the state leg after KV: {serial}")
+
+
+TAG = "KVFUSE_REPLAY_TEST_TAG"
+
+
+def tagged(tag):
+    """Live (not zombie) processes whose environment has TAG=tag: a replay and its rank processes."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"{TAG}={tag}".encode() not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    pids.append(int(entry))
+        except OSError:
+            pass
+    return pids
+
+
+def wait_until_gone(tag, what):
+    deadline = time.monotonic() + 10  # a sanitizer build on a loaded machine exits slowly
+    while tagged(tag):
+        if time.monotonic() > deadline:
+            fail(f"{what}: processes left running: {tagged(tag)}")
+        time.sleep(0.02)
+
+
+def processes(replay):
+    tag = f"{os.getpid()}-{time.time_ns()}"
+    env = {**os.environ, TAG: tag}
+    # The engine killed with SIGKILL mid-run: every rank process ends on its own (ShmRank sees
+    # the engine's pidfd); none is left running.
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.Popen([replay, "--sessions", "200", "--turns", "5", "--ranks", "4", "--ranks-as", "processes",
+                                 "--model", "k3", "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 60
+        while len(tagged(tag)) < 5:  # the engine and its four ranks
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                fail(f"the rank processes never all started: {tagged(tag)}")
+            time.sleep(0.01)
+        time.sleep(0.2)  # mid-run
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        wait_until_gone(tag, "the engine killed with SIGKILL")
+        print("engine killed with SIGKILL: every rank process ended")
+    # Every fault, two passes, ranks as processes (the next engine also removes the segment
+    # the killed one left).
+    check_processes(faults(replay, "--ranks-as", "processes", env=env))
+    wait_until_gone(tag, "after the run")
+    # Thrice the sessions: when the rank dies, admissions hold bytes on it (restored, cached,
+    # or written at a checkpoint stop), so an engine that kept them running after the rank
+    # came back empty would show corrupted bytes or a two-pass delta here.
+    crowded = ["--sessions", "30", "--turns", "4", "--ranks", "4", "--two-pass", "--tier-capacity", "256KiB",
+               "--blocks", "640", "--seed", "3", "--ranks-as", "processes"]
+    report = run(replay, crowded)
+    check_zeros(report, True)
+    if any(m["rank_processes"]["torn_down"] == 0 for m in report["models"].values()):
+        fail("a model had no running admission to tear down when its rank process died")
+    check_processes(report)
+
+
+def check_processes(report):
+    models = report["models"]
+    killed = restarted = torn_down = 0
+    for name, m in models.items():
+        if m["ranks_as"] != "processes":
+            fail(f"{name}: ran with ranks as {m['ranks_as']}")
+        k, r = m["faults"]["rank_processes_killed"], m["faults"]["rank_processes_restarted"]
+        seen = m["rank_processes"]["deaths_seen"]
+        ranks = m["rank_processes"]["ranks"]
+        if seen != k:
+            fail(f"{name}: {k} rank processes killed but the engine saw {seen} die")
+        segment = m["rank_processes"]["segment"]
+        if segment["deaths"] != k or segment["attaches"] != 4 + r or segment["faulty"] != 0:
+            fail(f"{name}: the segment saw {segment['deaths']} deaths, {segment['attaches']} attaches, "
+                 f"{segment['faulty']} faulty ranks after {k} kills and {r} restarts")
+        if len(ranks) != 4 or any(c["loads"] + c["kv_saves"] == 0 or c["bytes_corrupted"] != 0 for c in ranks):
+            fail(f"{name}: what the rank processes reported: {ranks}")
+        if sum(c["bytes_checked"] for c in ranks) == 0:
+            fail(f"{name}: no rank process checked a byte")
+        if r > 0 and ranks[-1]["incarnation"] != 1 + r:
+            fail(f"{name}: the last rank was restarted {r} times but its process is incarnation {ranks[-1]['incarnation']}")
+        killed, restarted, torn_down = killed + k, restarted + r, torn_down + m["rank_processes"]["torn_down"]
+        print(f"{name}: killed {k}, restarted {r}, admissions torn down {m['rank_processes']['torn_down']}, "
+              f"per rank loads {[c['loads'] for c in ranks]}, bytes checked {[c['bytes_checked'] for c in ranks]}")
+    if killed == 0 or restarted == 0:
+        fail(f"the kill fault killed {killed} and restarted {restarted} rank processes")
+    if torn_down == 0:
+        fail("no running admission was torn down when a rank process died")
+
+
+def modes(replay, path):
+    args = ["--trace", path, "--limit", "200", "--ranks", "4", "--faults", "none"]
+    threads = run(replay, [*args, "--ranks-as", "threads"])
+    procs = run(replay, [*args, "--ranks-as", "processes"])
+    check_zeros(threads, False)
+    check_zeros(procs, False)
+    for name, t in threads["models"].items():
+        p = procs["models"][name]
+        for key in ("loads", "reused_tokens", "verified_bytes", "requests", "tier_calls", "saves"):
+            if t.get(key) != p.get(key):
+                fail(f"{name}: {key} as threads {t.get(key)}, as processes {p.get(key)}")
+        print(f"{name}: the same counts; requests/s as threads {t['requests_per_second']:.0f}, "
+              f"as processes {p['requests_per_second']:.0f}")
 
 
 def trace(replay, path):
@@ -260,6 +387,7 @@ def usage(replay, path):
             (["--tier-capacity", "17179869184GiB"], '"17179869184GiB"'),
             (["--tier-capacity", "0KiB"], '"0KiB"'),
             (["--ranks", "0"], "--ranks"),
+            (["--ranks-as", "forks"], "forks"),
             (["--sessions", "-1"], "-1"),
             (["--blocks", "0"], "--blocks"),
             (["--checkpoints", "sometimes"], "'sometimes'"),
@@ -331,5 +459,5 @@ def redis(replay):
 if __name__ == "__main__":
     what, replay_bin, *rest = sys.argv[1:]
     {"faults": faults, "trace": trace, "bound": bound, "hybrid": hybrid, "usage": usage,
-     "redis": redis}[what](replay_bin, *rest)
+     "redis": redis, "processes": processes, "modes": modes}[what](replay_bin, *rest)
     print("ok")

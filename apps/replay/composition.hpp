@@ -1,7 +1,9 @@
 // kvfuse-replay: the admission path of Admission::loopback_pd. A producer engine in the same
 // process (its own block pool per rank) prefilled a quarter of the requests and published
 // them to a LoopbackPd; the engine admits through Multi<LoopbackPd, OffloadSub>, so the P/D
-// sub wins those requests' KV (R16) and copies it rank by rank into the request's blocks.
+// sub wins those requests' KV (R16) and copies it rank by rank into the request's blocks (at
+// Ranks::pd_landing: the device memory itself, or for ranks as processes a landing area the
+// engine then ships to each rank process, Ranks::pd_landed).
 #pragma once
 
 #include "content.hpp"
@@ -25,7 +27,7 @@ class LoopbackComposition {
  public:
   using Arbiter = kvfuse::Multi<kvfuse::LoopbackPd, kvfuse::OffloadSub>;
 
-  LoopbackComposition(const Ranks& ranks, kvfuse::HostRuntime& rt, std::uint32_t num_blocks)
+  LoopbackComposition(Ranks& ranks, kvfuse::HostRuntime& rt, std::uint32_t num_blocks)
       : ranks_(ranks), rt_(rt), pd_(pairs(ranks, rt, num_blocks, producer_), block_tokens, block_bytes), multi_(pd_, offload_) {}
   ~LoopbackComposition() {
     for (std::byte* p : producer_) rt_.free_device(p);
@@ -48,12 +50,12 @@ class LoopbackComposition {
   kvfuse::LoopbackPd::Stats stats() const noexcept { return pd_.stats(); }
 
  private:
-  static std::vector<kvfuse::LoopbackRank> pairs(const Ranks& ranks, kvfuse::HostRuntime& rt, std::uint32_t num_blocks,
+  static std::vector<kvfuse::LoopbackRank> pairs(Ranks& ranks, kvfuse::HostRuntime& rt, std::uint32_t num_blocks,
                                                  std::vector<std::byte*>& producer) {
     std::vector<kvfuse::LoopbackRank> out;
     for (std::uint32_t r = 0; r < ranks.world(); ++r) {
       producer.push_back(static_cast<std::byte*>(rt.allocate_device(std::size_t{num_blocks} * block_bytes)));
-      out.push_back(kvfuse::LoopbackRank{producer.back(), ranks.block(r, kvfuse::BlockId{0})});
+      out.push_back(kvfuse::LoopbackRank{producer.back(), ranks.pd_landing(r)});
     }
     return out;
   }

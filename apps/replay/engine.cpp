@@ -1,12 +1,15 @@
 // kvfuse-replay: the engine loop and the clock. One scheduler thread runs what an engine
 // would write around kvfuse — a FIFO admission queue, a paged block pool with prefix caching,
 // a state slot pool, the Coordinator over an OffloadIndex, a TpQuorum and its pump — and its
-// ranks run their lanes. A request keeps its RequestId across preemption and re-admission;
-// each admission (AdmissionId) holds its own blocks and slot until the Coordinator frees it.
+// ranks run their lanes, as threads of this process or as processes of their own (then the
+// group is a ShmQuorum over the segment, and each step first watches the rank processes:
+// a death tears down every running admission). A request keeps its RequestId across
+// preemption and re-admission; each admission (AdmissionId) holds its own blocks and slot
+// until the Coordinator frees it.
 //
 // Time is simulated: requests arrive at their times, prefill and decode take simulated time,
 // and the clock jumps from event to event (or follows the wall clock at --speed). Loads and
-// saves run for real on the rank threads; while any load is in flight or any save has not
+// saves run for real on the ranks' lanes; while any load is in flight or any save has not
 // landed the clock stands still, so the replay measures the tier, not the model.
 //
 // An admission's compute is a list of stops: the forward runs up to each stop's token when
@@ -21,6 +24,7 @@
 #include "content.hpp"
 #include "forward.hpp"
 #include "lookup.hpp"
+#include "rank_process.hpp"
 #include "slot_pool.hpp"
 #include "transport.hpp"
 
@@ -36,6 +40,8 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
+#include <type_traits>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -56,7 +62,12 @@ bool request_coin(std::uint64_t seed, std::uint64_t request, std::uint64_t salt,
   return mix64(seed ^ mix64(request * 0x100000001b3ULL + salt)) % 1000 < per_mille;
 }
 
+/// One pass. Group is the completion group: TpQuorum for ranks as threads, ShmQuorum (over
+/// the engine's segment) for ranks as processes.
+template <class Group>
 class Engine final : private FaultSite {
+  static constexpr bool processes = std::is_same_v<Group, ShmQuorum>;
+
  public:
   Engine(const Model& model, const Workload& w, const RunOptions& o)
       : model_(model),
@@ -66,7 +77,8 @@ class Engine final : private FaultSite {
         disk_(with_tier(o.tier, [](const TierKind& kind) { return kind.disk; })),
         result_(empty_result(model, o)),
         rng_(o.seed),
-        group_(TpQuorumOptions{o.world, model.lanes, 8192, 8192, 4096}),
+        shm_(make_shm()),
+        group_(make_group()),
         // No slot-free callback: an orphan's slot comes back through the Coordinator's Freed
         // event for its torn-down admission, the one signal.
         index_(OffloadIndexOptions{.hash_capacity = o.state_capacity,
@@ -74,7 +86,7 @@ class Engine final : private FaultSite {
                                    .hash_eviction = o.hash_eviction}),
         pump_(group_, index_),
         faults_(o.offload ? o.faults : FaultSet(fault_table().size(), false), *this, result_.fault_counts),
-        ranks_(model.make_ranks(rank_setup())),
+        ranks_(make_ranks()),
         transport_(*ranks_),
         lookup_(*ranks_, transport_, keys_, faults_),
         coord_(CoordinatorOptions{model.layout, grids, 0, 4096, o.checkpoints}, index_, pump_, transport_, lookup_),
@@ -118,6 +130,7 @@ class Engine final : private FaultSite {
     drain();
     result_.wall_seconds = std::chrono::duration<double>(WallClock::now() - started).count();
     collect();
+    if (processes_ != nullptr) processes_->quit_all();  // a rank process that ended badly fails the run
     return result_;
   }
 
@@ -162,7 +175,8 @@ class Engine final : private FaultSite {
     return r;
   }
 
-  RankSetup rank_setup() {
+  /// The ranks' shape, before the faults set up their tiers.
+  RankSetup base_setup() const {
     RankSetup s;
     s.model = model_.id;
     s.world = o_.world;
@@ -171,17 +185,46 @@ class Engine final : private FaultSite {
     s.num_slots = model_.stateful ? o_.num_slots + (o_.offload ? o_.snapshot_slots : 0) : 0;
     s.max_chunks_per_load = static_cast<std::uint32_t>(w_.max_request_tokens / chunk_tokens + 2);
     s.tier = o_.tier;
+    return s;
+  }
+
+  /// Ranks as processes: the segment they attach to (null for ranks as threads).
+  std::unique_ptr<ShmEngine> make_shm() const {
+    if constexpr (!processes) return nullptr;
+    ShmOptions so;
+    so.name_prefix = "kvfuse-replay";
+    so.geometry = base_setup().geometry(0);
+    so.lanes_per_rank = static_cast<std::uint32_t>(model_.lanes);
+    return std::make_unique<ShmEngine>(so);
+  }
+
+  Group make_group() {
+    if constexpr (processes) return Group(*shm_, 8192, 4096);
+    else return Group(TpQuorumOptions{o_.world, model_.lanes, 8192, 8192, 4096});
+  }
+
+  std::unique_ptr<Ranks> make_ranks() {
+    RankSetup s = base_setup();
     for (std::uint32_t r = 0; r < o_.world; ++r) {
       s.tier_options.push_back(o_.tier_options);
       faults_.set_up_tier(r, s.tier_options.back());
     }
     s.runtime = &rt_;
-    s.group = &group_;
-    return s;
+    if constexpr (processes) {
+      auto made = std::make_unique<RankProcesses>(s, model_.name, *shm_);
+      processes_ = made.get();
+      return made;
+    } else {
+      s.group = &group_;
+      return model_.make_ranks(s);
+    }
   }
 
   // ---- admission ---------------------------------------------------------------------------
   void admit_queued() {
+    // A tensor-parallel model computes on every rank or not at all: nothing is admitted
+    // while a rank process is down.
+    if (processes_ != nullptr && !processes_->all_up()) return;
     while (!queue_.empty()) {
       if (!admit(*queue_.front())) return;  // FIFO: wait for blocks or a slot
       queue_.pop_front();
@@ -392,8 +435,11 @@ class Engine final : private FaultSite {
 
   // ---- the coordinator's events ------------------------------------------------------------
   void step() {
+    if constexpr (processes) {
+      for (const std::uint32_t r : processes_->watch(pump_)) lose_rank(r);
+    }
     if (!o_.offload) return;
-    const Coord::StepResult s = composition_ ? coord_.step(composition_->arbiter()) : coord_.step();
+    const typename Coord::StepResult s = composition_ ? coord_.step(composition_->arbiter()) : coord_.step();
     for (const Unpark& u : s.unparked) on_unpark(u);
     for (const Freed& f : s.freed) {
       const auto it = attempts_.find(f.admission);
@@ -409,6 +455,34 @@ class Engine final : private FaultSite {
       if (!snapshots_.give(snapshot)) ++sim_violations_;  // not a snapshot slot, or handed back twice
     if (s.records == 0 && s.unparked.empty() && s.freed.empty() && s.snapshots.empty() && (parked_ > 0 || waiting_for_ranks()))
       std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+
+  /// The blocks a load plan's KV range lands in.
+  static std::vector<BlockId> plan_blocks(const Attempt& a) {
+    std::vector<BlockId> out;
+    if (const std::optional<IndexRange> range = kv_tokens(a.plan))
+      for (TokenCount b = range->first / block_tokens; b * block_tokens < range->last; ++b) out.push_back(a.blocks[b]);
+    return out;
+  }
+
+  /// The engine saw rank r's process die (ShmEngine's pidfd; the pump marked it dead, its
+  /// loads settle without it). Its device KV died with it, so every admission that holds
+  /// blocks and has not finished is torn down and admitted again later, and no cached block
+  /// is reused: they lack that rank's part. Nothing is admitted until it is back.
+  void lose_rank(std::uint32_t r) {
+    if (!processes_->killed(r))
+      throw Error(ErrorCode::io_failure, "rank " + std::to_string(r) + "'s process died and no fault killed it: " +
+                                            processes_->how_it_ended(r));
+    ++result_.rank_processes_lost;
+    due_.clear();
+    for (const auto& [id, a] : attempts_)
+      if (a.phase == Phase::parked || a.phase == Phase::computing) due_.push_back(id);
+    std::sort(due_.begin(), due_.end());
+    for (const AdmissionId id : due_) {
+      tear_down(id, true);
+      ++result_.rank_loss_preemptions;
+    }
+    blocks_.forget_cached();
   }
 
   bool waiting_for_ranks() const {
@@ -434,6 +508,7 @@ class Engine final : private FaultSite {
     result_.outcome_state_missed += u.state_missed;
     if (u.tokens > 0) {
       ++result_.resumed_from_load;
+      if (a.pd) ranks_->pd_landed(plan_blocks(a));
       const Checked c = check_load(*ranks_, *a.req, a.blocks, a.slot, a.plan);
       result_.verified_bytes += c.verified;
       result_.corrupted_bytes += c.corrupted;
@@ -509,6 +584,9 @@ class Engine final : private FaultSite {
     r.checkpoints_saved = cs.checkpoints_saved;
     r.checkpoints_deduplicated = cs.checkpoints_deduplicated;
     r.kv_loads_sent = transport_.kv_loads_sent();
+    r.ranks_as = processes ? "processes" : "threads";
+    r.rank_processes = ranks_->rank_counts();
+    if (shm_) r.segment = shm_->stats();
     faults_.collect();
     RunResult::Snapshot& snap = r.snapshot;
     snap.index = is;
@@ -542,9 +620,14 @@ class Engine final : private FaultSite {
   std::uint64_t random() override { return rng_(); }
   std::span<const PrefixHash> saved_chunks() const override { return saved_; }
   void violation() override { ++sim_violations_; }
+  bool processes_mode() const override { return processes; }
+  std::size_t loads_in_flight() const override { return parked_; }
+  bool kill_rank(std::uint32_t rank) override { return processes_ != nullptr && processes_->kill(rank); }
+  bool rank_lost(std::uint32_t rank) const override { return processes_ != nullptr && processes_->lost(rank); }
+  bool restart_rank(std::uint32_t rank) override { return processes_ != nullptr && processes_->restart(rank); }
 
-  using Pump = SettlementPump<TpQuorum, OffloadIndex<>>;
-  using Coord = Coordinator<TpQuorum, Transport, Lookup>;
+  using Pump = SettlementPump<Group, OffloadIndex<>>;
+  using Coord = Coordinator<Group, Transport, Lookup>;
 
   const Model& model_;
   const RunOptions o_;
@@ -554,7 +637,9 @@ class Engine final : private FaultSite {
   RunResult result_;
   std::mt19937_64 rng_;
   HostRuntime rt_;
-  TpQuorum group_;
+  std::unique_ptr<ShmEngine> shm_;     // ranks as processes: their segment
+  RankProcesses* processes_ = nullptr;  // ranks as processes: ranks_ (set while ranks_ is built)
+  Group group_;
   OffloadIndex<> index_;
   Pump pump_;
   ArmedFaults faults_;
@@ -583,7 +668,8 @@ class Engine final : private FaultSite {
 }  // namespace
 
 RunResult replay_pass(const Model& model, const Workload& w, const RunOptions& options) {
-  return Engine(model, w, options).run();
+  if (options.ranks_as == RanksAs::processes) return Engine<ShmQuorum>(model, w, options).run();
+  return Engine<TpQuorum>(model, w, options).run();
 }
 
 }  // namespace replay

@@ -16,9 +16,13 @@
 
 namespace replay {
 
+/// How the ranks run: as threads of the engine's process, or one process per rank.
+enum class RanksAs { threads, processes };
+
 /// How one engine is built and driven.
 struct RunOptions {
   std::uint32_t world = 8;
+  RanksAs ranks_as = RanksAs::threads;
   std::size_t tier = 0;        ///< the ranks' tier: an index in the tier table
   TierOptions tier_options;    ///< what every rank's tier is built from (the faults adjust it per rank)
   std::uint32_t num_blocks = 1024;  ///< the device block pool (all ranks alike)

@@ -99,6 +99,32 @@ const std::vector<Fault>& fault_table() {
          };
          return h;
        }},
+      {"kill",
+       "ranks as processes: from 55% of arrivals, the last rank's process is SIGKILLed while loads are in flight, "
+       "and restarted once the engine saw it die (ranks as threads: not applicable, nothing happens)",
+       {{"rank_processes_killed", "rank processes killed"}, {"rank_processes_restarted", "rank processes restarted"}},
+       [](FaultSite& site, std::span<std::uint64_t> counts) {
+         struct Plan {
+           bool armed = false, killed = false, restarted = false;
+         };
+         auto plan = std::make_shared<Plan>();
+         FaultHooks h;
+         h.arrival = [plan](std::size_t arrived, std::size_t total) {
+           if (arrival_at(arrived, total, 55)) plan->armed = true;
+         };
+         h.step = [&site, plan, counts] {
+           if (!site.processes_mode() || site.world() < 2) return;
+           const std::uint32_t victim = site.world() - 1;
+           if (plan->armed && !plan->killed && site.loads_in_flight() > 0 && site.kill_rank(victim)) {
+             plan->killed = true;
+             ++counts[0];
+           } else if (plan->killed && !plan->restarted && site.rank_lost(victim) && site.restart_rank(victim)) {
+             plan->restarted = true;
+             ++counts[1];
+           }
+         };
+         return h;
+       }},
       {"abort", "4% of requests are torn down while their load is in flight", {{"aborts", "aborted mid-load"}},
        [](FaultSite& site, std::span<std::uint64_t> counts) {
          FaultHooks h;

@@ -43,6 +43,16 @@ class FaultSite {
   virtual std::span<const kvfuse::PrefixHash> saved_chunks() const = 0;
   /// The fault found the system broken (counted as an invariant violation).
   virtual void violation() = 0;
+  /// Whether the ranks run as processes (the kill fault acts only then).
+  virtual bool processes_mode() const = 0;
+  /// Requests parked on a load now.
+  virtual std::size_t loads_in_flight() const = 0;
+  /// SIGKILLs rank r's process; false when ranks are threads or it is not running.
+  virtual bool kill_rank(std::uint32_t rank) = 0;
+  /// Whether the engine saw rank r's process die and it was not restarted yet.
+  virtual bool rank_lost(std::uint32_t rank) const = 0;
+  /// Starts a new process for a lost rank r; false when it is not lost.
+  virtual bool restart_rank(std::uint32_t rank) = 0;
 
  protected:
   ~FaultSite() = default;

@@ -1,7 +1,8 @@
 // kvfuse-replay: the simulated model on the ranks' device memory. Its forward writes each
 // token's KV into the request's blocks and folds the state digest; a request's output is the
-// final state mixed with every KV word of its prompt as it sits in device memory; a load's
-// bytes are checked word by word against what the forward would have written (content.hpp).
+// final state mixed with each rank's fold of every KV word of its prompt as it sits in device
+// memory; a load's bytes are checked word by word against what the forward would have
+// written (content.hpp). The work goes to the ranks as BlockSpan lists (rank_memory.hpp).
 #pragma once
 
 #include "content.hpp"
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 namespace replay {
 
@@ -23,62 +25,47 @@ inline void write_block(std::byte* at, const Request& q, std::size_t b, std::uin
   for (TokenCount t = lo; t < hi; ++t) store_word(at + t * kv_bytes_per_token, kv_word(id, b * block_tokens + t, rank, 0));
 }
 
+/// `q`'s tokens [from, to) in `blocks`, one span per block they touch.
+inline std::vector<BlockSpan> spans_of(const Request& q, std::span<const kvfuse::BlockId> blocks, TokenCount from, TokenCount to) {
+  std::vector<BlockSpan> out;
+  for (TokenCount b = from / block_tokens; b * block_tokens < to; ++b) {
+    const TokenCount lo = std::max(from, b * block_tokens) - b * block_tokens;
+    const TokenCount hi = std::min(to, (b + 1) * block_tokens) - b * block_tokens;
+    out.push_back(BlockSpan{block_id(q, b), blocks[b].value, static_cast<std::uint32_t>(b), static_cast<std::uint32_t>(lo),
+                            static_cast<std::uint32_t>(hi)});
+  }
+  return out;
+}
+
 /// Writes the KV of `q`'s tokens [from, to) into `blocks` on every rank.
-inline void write_kv(const Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks, TokenCount from, TokenCount to) {
-  for (std::uint32_t r = 0; r < ranks.world(); ++r)
-    for (TokenCount b = from / block_tokens; b * block_tokens < to; ++b) {
-      const TokenCount lo = std::max(from, b * block_tokens) - b * block_tokens;
-      const TokenCount hi = std::min(to, (b + 1) * block_tokens) - b * block_tokens;
-      write_block(ranks.block(r, blocks[b]), q, b, r, lo, hi);
-    }
+inline void write_kv(Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks, TokenCount from, TokenCount to) {
+  if (from < to) ranks.write_kv(spans_of(q, blocks, from, to));
 }
 
 /// Writes a slot holding `digest` on every rank.
-inline void write_state(const Ranks& ranks, kvfuse::SlotId slot, std::uint64_t digest) {
-  for (std::uint32_t r = 0; r < ranks.world(); ++r)
-    for (std::size_t j = 0; j < slot_bytes / 8; ++j) store_word(ranks.slot(r, slot) + j * 8, state_word(digest, r, j));
-}
+inline void write_state(Ranks& ranks, kvfuse::SlotId slot, std::uint64_t digest) { ranks.write_state(slot, digest); }
 
 /// The digest a slot holds (what the model continues from).
-inline std::uint64_t read_state(const Ranks& ranks, kvfuse::SlotId slot) { return load_word(ranks.slot(0, slot)); }
+inline std::uint64_t read_state(Ranks& ranks, kvfuse::SlotId slot) { return ranks.read_state(slot); }
 
-/// The output of `q` from its final state and its prompt's KV as read back from every rank;
-/// never 0 (0 means "no output").
-inline std::uint64_t output_of(const Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks, std::uint64_t state) {
+/// The output of `q` from its final state and its prompt's KV as read back from every rank:
+/// each rank folds its own words, the folds are combined in rank order. Never 0 (0 means
+/// "no output").
+inline std::uint64_t output_of(Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks, std::uint64_t state) {
+  std::vector<std::uint64_t> folds(ranks.world());
+  ranks.fold_kv(spans_of(q, blocks, 0, q.prompt_tokens), folds);
   std::uint64_t kv = 0;
-  for (std::uint32_t r = 0; r < ranks.world(); ++r)
-    for (TokenCount t = 0; t < q.prompt_tokens; ++t)
-      kv = mix64(kv ^ load_word(ranks.block(r, blocks[t / block_tokens]) + (t % block_tokens) * kv_bytes_per_token));
+  for (const std::uint64_t f : folds) kv = mix64(kv ^ f);
   return mix64(state ^ kv) | 1;
 }
 
-/// Bytes a check compared, and how many of them differed.
-struct Checked {
-  std::uint64_t verified = 0, corrupted = 0;
-};
-
 /// Every byte `plan`'s load restored into `blocks` and `slot`, on every rank, against the model.
-inline Checked check_load(const Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks,
+inline Checked check_load(Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks,
                           std::optional<kvfuse::SlotId> slot, const kvfuse::LoadPlan& plan) {
-  Checked c;
   const std::optional<kvfuse::IndexRange> range = kvfuse::kv_tokens(plan);
   const std::optional<TokenCount> boundary = kvfuse::state_boundary(plan);
-  for (std::uint32_t r = 0; r < ranks.world(); ++r) {
-    if (range)
-      for (TokenCount t = range->first; t < range->last; ++t) {
-        const std::size_t b = t / block_tokens;
-        const std::uint64_t got = load_word(ranks.block(r, blocks[b]) + (t % block_tokens) * kv_bytes_per_token);
-        c.corrupted += differing_bytes(got, kv_word(block_id(q, b), t, r, 0));
-        c.verified += kv_bytes_per_token;
-      }
-    if (boundary) {
-      const std::uint64_t expect = state_at(q, *boundary);
-      for (std::size_t j = 0; j < slot_bytes / 8; ++j)
-        c.corrupted += differing_bytes(load_word(ranks.slot(r, *slot) + j * 8), state_word(expect, r, j));
-      c.verified += slot_bytes;
-    }
-  }
-  return c;
+  const std::vector<BlockSpan> spans = range ? spans_of(q, blocks, range->first, range->last) : std::vector<BlockSpan>{};
+  return ranks.check(spans, boundary ? slot : std::nullopt, boundary ? state_at(q, *boundary) : 0);
 }
 
 /// One admission's forward, run in steps: run_to(B) computes up to boundary B (the engine
@@ -93,7 +80,7 @@ class Forward {
 
   /// Computes [frontier, to) for `to` on the block grid, at or past the state's frontier;
   /// returns the state digest at `to`.
-  std::uint64_t run_to(const Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks, TokenCount to) {
+  std::uint64_t run_to(Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks, TokenCount to) {
     if (to > kv_) {
       write_kv(ranks, q, blocks, kv_, to);
       kv_ = to;
@@ -105,7 +92,7 @@ class Forward {
 
   /// Computes the rest of `q` (prompt and output, the partial last block included); returns
   /// the final state.
-  std::uint64_t run_to_end(const Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks) {
+  std::uint64_t run_to_end(Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks) {
     const TokenCount total = q.prompt_tokens + q.output_tokens;
     (void)run_to(ranks, q, blocks, total - total % block_tokens);
     if (total > kv_) {

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace replay {
 
@@ -26,11 +27,11 @@ class Lookup {
 
   std::size_t operator()(std::span<const kvfuse::PrefixHash> keys) {
     std::size_t n = keys.size();
-    for (std::uint32_t r = 0; r < ranks_.world(); ++r) {
+    for (std::uint32_t r = 0; r < ranks_.world() && n > 0; ++r) {
       if (!transport_.alive(r)) continue;
-      std::size_t held = 0;
-      while (held < n && ranks_.tier(r).contains(keys_.kv(keys[held], r))) ++held;
-      n = held;
+      tier_keys_.clear();
+      for (std::size_t i = 0; i < n; ++i) tier_keys_.push_back(keys_.kv(keys[i], r));
+      n = ranks_.tier(r).leading(tier_keys_);
     }
     if (n > 0) faults_.lookup(keys, n);
     return n;
@@ -41,6 +42,7 @@ class Lookup {
   const Transport& transport_;
   TierKeys keys_;
   const ArmedFaults& faults_;
+  std::vector<kvfuse::TierKey> tier_keys_;  // one rank's question, asked in one call
 };
 
 }  // namespace replay

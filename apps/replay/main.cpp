@@ -1,5 +1,5 @@
 // kvfuse-replay: the main job. An engine (Coordinator, OffloadIndex, TpQuorum, planner)
-// and N ranks as threads on the embedded default (HostRuntime; per rank a bounded
+// and N ranks — as threads, or as processes (--ranks-as processes) — on the embedded default (HostRuntime; per rank a bounded
 // MemoryTier in front of a DiskTier in a temporary directory) replay a workload — built-in
 // agentic sessions or a Mooncake-format trace — with seeded faults, check every byte each
 // load restores, and print what happened. Exit status: 0 when the numbers that must be zero
@@ -10,6 +10,7 @@
 #include "engine.hpp"
 #include "faults.hpp"
 #include "models.hpp"
+#include "rank_process.hpp"
 #include "report.hpp"
 #include "tiers.hpp"
 #include "workload.hpp"
@@ -23,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -143,6 +145,8 @@ const CLI::Validator positive(
     "> 0", "positive");
 
 int main(int argc, char** argv) {
+  // The hidden mode: this binary started by itself as one rank process (rank_process.hpp).
+  if (argc == 3 && std::string_view(argv[1]) == "--rank-process") return rank_process_main(std::atoi(argv[2]));
   CLI::App app{"kvfuse-replay: replays a workload through kvfuse's offload tier, with faults, and checks every byte"};
   std::vector<std::string> selectable, tier_names;
   std::string model_help = "models to replay:", tier_help = "each rank's tier:", fault_help = "comma-separated:";
@@ -177,7 +181,12 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "seed of the built-in workload and of the faults");
   app.add_option("--speed", speed, "follow arrival times at this multiple of real time (default: as fast as possible)")
       ->check(positive);
-  app.add_option("--ranks", ranks, "tensor-parallel ranks, each a set of threads")->check(CLI::Range(1, 64));
+  app.add_option("--ranks", ranks, "tensor-parallel ranks")->check(CLI::Range(1, 64));
+  std::string ranks_as = "threads";
+  app.add_option("--ranks-as", ranks_as,
+                 "threads: every rank's connector on threads of this process; processes: one process per rank, "
+                 "over a shared memory segment")
+      ->check(CLI::IsMember({"threads", "processes"}));
   std::string redis_address;
   app.add_option("--tier", tier, tier_help)->check(CLI::IsMember(tier_names));
   app.add_option("--redis", redis_address, "with --tier redis: the server, unix:PATH or HOST:PORT");
@@ -218,6 +227,7 @@ int main(int argc, char** argv) {
 
   RunOptions o;
   o.world = ranks;
+  o.ranks_as = ranks_as == "processes" ? RanksAs::processes : RanksAs::threads;
   o.seed = seed;
   o.speed = speed;
   o.sync_saves = sync_saves;
@@ -296,10 +306,10 @@ int main(int argc, char** argv) {
 
   const std::string tiers = tier == "redis" ? "a RedisTier at " + redis_address
                                             : "a " + capacity + " memory tier" + (kinds[o.tier].disk ? " in front of a disk tier" : "");
-  std::printf("kvfuse-replay: %s requests (%s), %u ranks as threads, HostRuntime, per rank %s\n",
+  std::printf("kvfuse-replay: %s requests (%s), %u ranks as %s, HostRuntime, per rank %s\n",
               thousands(w.requests.size()).c_str(),
               w.from_trace ? ("trace " + w.source).c_str() : ("built-in sessions, seed " + std::to_string(seed)).c_str(), ranks,
-              tiers.c_str());
+              ranks_as.c_str(), tiers.c_str());
   const bool any_fault = std::find(o.faults.begin(), o.faults.end(), true) != o.faults.end();
   std::printf("faults: %s%s%s\n", any_fault ? faults.c_str() : "none", two_pass ? "; two passes (offload off, then on)" : "",
               sync_saves ? "; saves land before the next arrival" : "");
@@ -322,7 +332,7 @@ int main(int argc, char** argv) {
   }
 
   print_table(reports, w);
-  nlohmann::json options = {{"ranks", ranks},         {"tier", tier},       {"tier_capacity", capacity}, {"faults", faults},
+  nlohmann::json options = {{"ranks", ranks},         {"ranks_as", ranks_as}, {"tier", tier},       {"tier_capacity", capacity}, {"faults", faults},
                             {"two_pass", two_pass},   {"sync_saves", sync_saves}, {"seed", seed},  {"blocks", o.num_blocks},
                             {"slots", slots},         {"snapshot_slots", snapshot_slots}, {"checkpoints", checkpoints},
                             {"state_capacity", state_capacity}, {"hash_eviction", hash_eviction}};

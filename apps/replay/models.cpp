@@ -1,7 +1,10 @@
 // kvfuse-replay: the model table (models.hpp). To add a model, add one entry here: a
 // connector preset (a template over the rank's tier) and the fields of Model. This file is
-// where every connector of the replay is compiled, once per type in the tier table.
+// where every connector of the replay is compiled, once per type in the tier table and per
+// way ranks run (threads: a TpQuorum; processes: a ShmQuorum in each rank process).
 #include "models.hpp"
+
+#include "rank_process_child.hpp"
 
 #include <kvfuse/compose/presets.hpp>
 
@@ -9,30 +12,39 @@ namespace replay {
 
 namespace {
 
-/// `m` with what its connector says filled in: Preset<T> is the connector over tier T.
-template <template <class> class Preset>
+/// `m` with what its connector says filled in: Preset<T, G> is the connector over tier T
+/// whose group is G.
+template <template <class, class> class Preset>
 Model with_connector(Model m) {
-  using Conn = Preset<RankTier<LocalTier>>;
+  using Conn = Preset<RankTier<LocalTier>, kvfuse::TpQuorum>;
   m.layout = Conn::layout;
   m.stateful = Conn::has_state;
   m.lanes = Conn::lane_count;
   m.make_ranks = [](const RankSetup& setup) {
     return with_tier(setup.tier, [&]<class Inner>(const TierEntry<Inner>& tier) -> std::unique_ptr<Ranks> {
-      static_assert(Preset<RankTier<Inner>>::layout == Conn::layout && Preset<RankTier<Inner>>::lane_count == Conn::lane_count);
-      return std::make_unique<RanksOf<Preset<RankTier<Inner>>, Inner>>(setup, tier);
+      static_assert(Preset<RankTier<Inner>, kvfuse::TpQuorum>::layout == Conn::layout &&
+                    Preset<RankTier<Inner>, kvfuse::TpQuorum>::lane_count == Conn::lane_count);
+      return std::make_unique<RanksOf<Preset<RankTier<Inner>, kvfuse::TpQuorum>, Inner>>(setup, tier);
+    });
+  };
+  m.serve_rank = [](const ChildSetup& setup, ControlChannel& channel) {
+    return with_tier(setup.ranks.tier, [&]<class Inner>(const TierEntry<Inner>& tier) {
+      using Shm = Preset<RankTier<Inner>, kvfuse::ShmQuorum>;
+      static_assert(Shm::layout == Conn::layout && Shm::lane_count == Conn::lane_count);
+      return serve_rank<Shm, Inner>(setup, tier, channel);
     });
   };
   return m;
 }
 
-template <class T>
-using Dense = kvfuse::DenseConnector<T>;
-template <class T>
-using Dsv4 = kvfuse::Dsv4Connector<T>;
-template <class T>
-using K3 = kvfuse::KimiK3Connector<T>;
-template <class T>
-using K3Serial = kvfuse::KimiK3SerialConnector<T>;
+template <class T, class G>
+using Dense = kvfuse::DenseConnector<T, G>;
+template <class T, class G>
+using Dsv4 = kvfuse::Dsv4Connector<T, T, G>;
+template <class T, class G>
+using K3 = kvfuse::KimiK3Connector<T, T, G>;
+template <class T, class G>
+using K3Serial = kvfuse::KimiK3SerialConnector<T, T, G>;
 
 }  // namespace
 

@@ -16,6 +16,9 @@
 
 namespace replay {
 
+struct ChildSetup;
+class ControlChannel;
+
 /// How the engine admits a model's requests.
 enum class Admission {
   plain,        ///< Coordinator::admit: the offload tier alone
@@ -34,7 +37,10 @@ struct Model {
   kvfuse::StateLayout layout = kvfuse::StateLayout::none;  ///< Conn::layout
   bool stateful = false;                                  ///< Conn::has_state: the ranks need state slots
   std::size_t lanes = 0;                                  ///< Conn::lane_count: the quorum's lanes per rank
-  std::unique_ptr<Ranks> (*make_ranks)(const RankSetup& setup) = nullptr;  ///< the ranks, on the setup's tier
+  std::unique_ptr<Ranks> (*make_ranks)(const RankSetup& setup) = nullptr;  ///< the ranks as threads, on the setup's tier
+  /// A rank process's life (rank_process_child.hpp): the same connector over a ShmQuorum,
+  /// on the setup's tier. Returns its exit status.
+  int (*serve_rank)(const ChildSetup& setup, ControlChannel& channel) = nullptr;
 };
 
 /// The model table.

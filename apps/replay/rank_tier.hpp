@@ -68,6 +68,13 @@ class TierControl {
   /// The Tier concept's contains and erase (the lookup; the faults).
   virtual bool contains(const kvfuse::TierKey& key) const noexcept = 0;
   virtual bool erase(const kvfuse::TierKey& key) noexcept = 0;
+  /// How many leading `keys` the tier holds (contains, key by key, up to the first miss):
+  /// the lookup's question in one call, so a remote rank answers it in one exchange.
+  virtual std::size_t leading(std::span<const kvfuse::TierKey> keys) const noexcept {
+    std::size_t held = 0;
+    while (held < keys.size() && contains(keys[held])) ++held;
+    return held;
+  }
   /// Every later get sleeps this long first (a slow rank).
   virtual void set_delay(std::chrono::microseconds d) noexcept = 0;
   /// Closes and reopens the disk tier: {entries before, entries + quarantined after}; {0, 0}

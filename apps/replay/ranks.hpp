@@ -1,12 +1,13 @@
 // kvfuse-replay: the ranks of one engine. Each rank is a Connector on its own lane threads,
 // with HostRuntime device memory (a block pool and a slot pool) and a tier of its own. The
-// engine reaches them only through Ranks, as it would reach ranks in other processes: plain
-// data in (loads, saves), device memory to read and write (its forward and its byte checks),
-// and each rank's tier for the lookup, the faults and the report. The connector type and the
-// tier type live in RanksOf, built by the model table (models.cpp).
+// engine reaches them only through Ranks, a set of operations: loads and saves, what its
+// forward writes, folds and byte checks of device memory, and each rank's tier. RanksOf runs
+// them as threads of this process (the connector and tier types live there, built by the
+// model table, models.cpp); RankProcesses (rank_process.hpp) as one process per rank.
 #pragma once
 
 #include "content.hpp"
+#include "rank_memory.hpp"
 #include "rank_tier.hpp"
 #include "tiers.hpp"
 
@@ -24,6 +25,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -69,55 +72,116 @@ struct RankSetup {
   }
 };
 
-/// An engine's ranks, whatever their connector and tier. load/save_* are called on the
-/// scheduler thread (it plays every rank's rank thread); block/slot memory is shared with
-/// the lanes, which write it only while a load the engine is waiting for runs.
+/// Where a load or save went: whether it was sent at all (false: refused, as back-pressure),
+/// and to how many ranks.
+struct Delivery {
+  bool sent = true;
+  std::uint32_t ranks = 0;
+};
+
+/// What a rank process reported about itself at the end of a pass (ranks as processes).
+struct RankCounts {
+  std::uint64_t incarnation = 0;  ///< 1 for the first process of the rank, +1 per restart
+  std::uint64_t loads = 0, kv_saves = 0, state_saves = 0;  ///< frames it handed its connector
+  std::uint64_t records_emitted = 0, records_dropped = 0;
+  std::uint64_t bytes_checked = 0, bytes_corrupted = 0;  ///< by its own checks of restored bytes
+};
+
+/// An engine's ranks, whatever their connector and tier and wherever they run. The engine
+/// reaches them only through these operations, as it would reach ranks in other processes:
+/// plain data in (loads, saves, what the forward writes), answers out (a fold of the KV, a
+/// byte check), and each rank's tier for the lookup, the faults and the report. Memory
+/// operations act on every rank that is up. Scheduler thread only.
 class Ranks {
  public:
   virtual ~Ranks() = default;
-  std::uint32_t world() const noexcept { return static_cast<std::uint32_t>(memory_.size()); }
-  /// Rank r's device memory of block b / slot s.
-  std::byte* block(std::uint32_t r, kvfuse::BlockId b) const noexcept {
-    return memory_[r].blocks + std::size_t{b.value} * block_bytes;
-  }
-  std::byte* slot(std::uint32_t r, kvfuse::SlotId s) const noexcept { return memory_[r].slots + std::size_t{s.value} * slot_bytes; }
+  std::uint32_t world() const noexcept { return world_; }
+  /// Whether rank r can be used now (false: its process was killed and has not come back).
+  virtual bool up(std::uint32_t) const { return true; }
 
-  virtual void load(std::uint32_t r, const kvfuse::LoadRequest& request) = 0;
-  virtual void save_kv(std::uint32_t r, const kvfuse::KvSave& save) = 0;
+  /// The load or save to every rank `alive` names (ranks as processes: to every attached rank).
+  virtual Delivery deliver(const kvfuse::LoadRequest& request, const std::vector<bool>& alive) = 0;
+  virtual Delivery deliver(const kvfuse::KvSave& save, const std::vector<bool>& alive) = 0;
   /// A dense model's ranks ignore it (the Coordinator never sends one).
-  virtual void save_state(std::uint32_t r, const kvfuse::StateSave& save) = 0;
+  virtual Delivery deliver(const kvfuse::StateSave& save, const std::vector<bool>& alive) = 0;
+
+  /// The forward: the model's KV of `spans` into every rank's blocks.
+  virtual void write_kv(std::span<const BlockSpan> spans) = 0;
+  /// A slot holding `digest` on every rank.
+  virtual void write_state(kvfuse::SlotId slot, std::uint64_t digest) = 0;
+  /// The digest rank 0's slot holds.
+  virtual std::uint64_t read_state(kvfuse::SlotId slot) = 0;
+  /// Each rank's fold of the KV of `spans` (RankMemory::fold_kv) into `out` (world() of them).
+  virtual void fold_kv(std::span<const BlockSpan> spans, std::span<std::uint64_t> out) = 0;
+  /// Every rank's check of the KV of `spans` and of `slot` against a slot holding `digest`.
+  virtual Checked check(std::span<const BlockSpan> spans, std::optional<kvfuse::SlotId> slot, std::uint64_t digest) = 0;
+  /// Where a P/D transfer writes rank r's blocks (LoopbackPd's consumer memory).
+  virtual std::byte* pd_landing(std::uint32_t r) = 0;
+  /// A P/D transfer wrote `blocks` at pd_landing: make them the ranks' device bytes.
+  virtual void pd_landed(std::span<const kvfuse::BlockId> blocks) = 0;
+
   virtual TierControl& tier(std::uint32_t r) = 0;
-  virtual kvfuse::ConnectorStats connector_stats(std::uint32_t r) const = 0;
+  virtual kvfuse::ConnectorStats connector_stats(std::uint32_t r) = 0;
+  /// Per rank what its process reported (empty for ranks as threads).
+  virtual std::vector<RankCounts> rank_counts() { return {}; }
   /// Blocks until every lane of every rank is idle.
   virtual void drain() = 0;
 
  protected:
-  struct Memory {
-    std::byte* blocks = nullptr;
-    std::byte* slots = nullptr;
-  };
-  std::vector<Memory> memory_;
+  std::uint32_t world_ = 0;
 };
 
-/// Ranks running `Conn` over `RankTier<Inner>`, Inner built by `tier` from each rank's options.
+/// The state leg `Conn` reads `tier` with (an empty one for a dense model).
+template <class Conn, class Tier>
+auto state_leg_of(Tier& tier) {
+  using S = typename Conn::state_leg_type;
+  if constexpr (!Conn::has_state) return S{};
+  else if constexpr (std::is_constructible_v<S, Tier&>) return S(tier);
+  else return S(typename S::inner_type(tier));
+}
+
+/// Ranks as threads: `Conn` over `RankTier<Inner>`, Inner built by `tier` from each rank's
+/// options, every rank's memory in this process.
 template <class Conn, class Inner>
 class RanksOf final : public Ranks {
  public:
   RanksOf(const RankSetup& setup, const TierEntry<Inner>& tier) {
-    for (std::uint32_t r = 0; r < setup.world; ++r) {
+    world_ = setup.world;
+    for (std::uint32_t r = 0; r < setup.world; ++r)
       ranks_.push_back(std::make_unique<Rank>(setup.geometry(r), *setup.runtime, tier, setup.tier_options[r], *setup.group));
-      memory_.push_back(Memory{ranks_.back()->blocks, ranks_.back()->slots});
-    }
   }
   ~RanksOf() override { drain(); }
 
-  void load(std::uint32_t r, const kvfuse::LoadRequest& request) override { ranks_[r]->conn.load(request); }
-  void save_kv(std::uint32_t r, const kvfuse::KvSave& save) override { ranks_[r]->conn.save_kv(save); }
-  void save_state(std::uint32_t r, const kvfuse::StateSave& save) override {
-    if constexpr (Conn::has_state) ranks_[r]->conn.save_state(save);
+  Delivery deliver(const kvfuse::LoadRequest& request, const std::vector<bool>& alive) override {
+    return each(alive, [&](Rank& rank) { rank.conn.load(request); });
   }
+  Delivery deliver(const kvfuse::KvSave& save, const std::vector<bool>& alive) override {
+    return each(alive, [&](Rank& rank) { rank.conn.save_kv(save); });
+  }
+  Delivery deliver(const kvfuse::StateSave& save, const std::vector<bool>& alive) override {
+    return each(alive, [&](Rank& rank) {
+      if constexpr (Conn::has_state) rank.conn.save_state(save);
+    });
+  }
+  void write_kv(std::span<const BlockSpan> spans) override {
+    for (auto& rank : ranks_) rank->memory.write_kv(spans);
+  }
+  void write_state(kvfuse::SlotId slot, std::uint64_t digest) override {
+    for (auto& rank : ranks_) rank->memory.write_state(slot, digest);
+  }
+  std::uint64_t read_state(kvfuse::SlotId slot) override { return ranks_[0]->memory.read_state(slot); }
+  void fold_kv(std::span<const BlockSpan> spans, std::span<std::uint64_t> out) override {
+    for (std::uint32_t r = 0; r < world_; ++r) out[r] = ranks_[r]->memory.fold_kv(spans);
+  }
+  Checked check(std::span<const BlockSpan> spans, std::optional<kvfuse::SlotId> slot, std::uint64_t digest) override {
+    Checked c;
+    for (auto& rank : ranks_) c += rank->memory.check(spans, slot, digest);
+    return c;
+  }
+  std::byte* pd_landing(std::uint32_t r) override { return ranks_[r]->memory.blocks; }
+  void pd_landed(std::span<const kvfuse::BlockId>) override {}  // it wrote the device memory itself
   TierControl& tier(std::uint32_t r) override { return ranks_[r]->tier; }
-  kvfuse::ConnectorStats connector_stats(std::uint32_t r) const override { return ranks_[r]->conn.stats(); }
+  kvfuse::ConnectorStats connector_stats(std::uint32_t r) override { return ranks_[r]->conn.stats(); }
   void drain() override {
     for (auto& rank : ranks_) rank->conn.drain();
   }
@@ -126,29 +190,35 @@ class RanksOf final : public Ranks {
   using Tier = RankTier<Inner>;
   struct Rank {
     kvfuse::HostRuntime& rt;
-    std::byte* blocks;
-    std::byte* slots;
+    RankMemory memory;
     Tier tier;
     Conn conn;
     Rank(const kvfuse::RankGeometry& g, kvfuse::HostRuntime& runtime, const TierEntry<Inner>& entry, const TierOptions& options,
          kvfuse::TpQuorum& group)
         : rt(runtime),
-          blocks(static_cast<std::byte*>(runtime.allocate_device(std::size_t{g.num_blocks} * g.block_bytes()))),
-          slots(static_cast<std::byte*>(runtime.allocate_device(std::max<std::size_t>(1, std::size_t{g.num_slots} * g.slot_bytes)))),
+          memory{static_cast<std::byte*>(runtime.allocate_device(std::size_t{g.num_blocks} * g.block_bytes())),
+                 static_cast<std::byte*>(runtime.allocate_device(std::max<std::size_t>(1, std::size_t{g.num_slots} * g.slot_bytes))),
+                 g.rank},
           tier([&] { return entry.make(options, g.rank); }),
-          conn(g, runtime, kvfuse::DeviceMemory{blocks, slots}, kvfuse::PagedKv<Tier>(tier), make_state_leg(tier), group) {}
+          conn(g, runtime, kvfuse::DeviceMemory{memory.blocks, memory.slots}, kvfuse::PagedKv<Tier>(tier), make_state_leg(tier),
+               group) {}
     ~Rank() {
       conn.drain();
-      rt.free_device(blocks);
-      rt.free_device(slots);
+      rt.free_device(memory.blocks);
+      rt.free_device(memory.slots);
     }
-    static auto make_state_leg(Tier& tier) {
-      using S = typename Conn::state_leg_type;
-      if constexpr (!Conn::has_state) return S{};
-      else if constexpr (std::is_constructible_v<S, Tier&>) return S(tier);
-      else return S(typename S::inner_type(tier));
-    }
+    static auto make_state_leg(Tier& tier) { return state_leg_of<Conn>(tier); }
   };
+  template <class F>
+  Delivery each(const std::vector<bool>& alive, F&& f) {
+    Delivery d;
+    for (std::uint32_t r = 0; r < world_; ++r)
+      if (alive[r]) {
+        f(*ranks_[r]);
+        ++d.ranks;
+      }
+    return d;
+  }
   std::vector<std::unique_ptr<Rank>> ranks_;
 };
 

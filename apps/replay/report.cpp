@@ -64,6 +64,7 @@ std::vector<Row> report_rows(const Workload& w, std::optional<std::uint64_t> den
     rows.push_back(Row{std::move(label), std::move(key), std::move(value), std::move(show)});
   };
   auto heading = [&](std::string label) { rows.push_back(Row{std::move(label), "", {}, {}}); };
+  add("ranks as", "/ranks_as", [](M m) { return m.run.ranks_as; });
   add("requests", "/requests/total", [](M m) { return m.run.requests; });
   add("  completed", "/requests/completed", [](M m) { return m.run.completed; });
   add("  aborted mid-load", "/requests/aborted", [](M m) { return m.run.aborted; });
@@ -150,6 +151,40 @@ std::vector<Row> report_rows(const Workload& w, std::optional<std::uint64_t> den
   for (std::size_t i = 0; i < faults.size(); ++i)
     add((i == 0 ? "faults: " : "        ") + std::string(faults[i].label), "/faults/" + std::string(faults[i].key),
         [i](M m) { return m.run.fault_counts[i]; });
+  add("rank process deaths seen", "/rank_processes/deaths_seen", [](M m) { return m.run.rank_processes_lost; });
+  add("  admissions torn down by them", "/rank_processes/torn_down", [](M m) { return m.run.rank_loss_preemptions; });
+  add("rank processes: loads / saves", "", {}, [](M m) {
+    if (m.run.rank_processes.empty()) return std::string("-");
+    std::uint64_t loads = 0, saves = 0;
+    for (const RankCounts& c : m.run.rank_processes) {
+      loads += c.loads;
+      saves += c.kv_saves + c.state_saves;
+    }
+    return thousands(loads) + " / " + thousands(saves);
+  });
+  add("rank processes: bytes checked", "", {}, [](M m) {
+    if (m.run.rank_processes.empty()) return std::string("-");
+    std::uint64_t bytes = 0;
+    for (const RankCounts& c : m.run.rank_processes) bytes += c.bytes_checked;
+    return thousands(bytes);
+  });
+  add("", "/rank_processes/ranks", [](M m) {
+    J ranks = J::array();
+    for (const RankCounts& c : m.run.rank_processes)
+      ranks.push_back(J{{"incarnation", c.incarnation}, {"loads", c.loads}, {"kv_saves", c.kv_saves},
+                        {"state_saves", c.state_saves}, {"records_emitted", c.records_emitted},
+                        {"records_dropped", c.records_dropped}, {"bytes_checked", c.bytes_checked},
+                        {"bytes_corrupted", c.bytes_corrupted}});
+    return ranks;
+  });
+  add("", "/rank_processes/segment", [](M m) {
+    if (!m.run.segment) return J(nullptr);
+    const kvfuse::ShmEngineStats& g = *m.run.segment;
+    return J{{"frames_sent", g.frames_sent},           {"records_received", g.records_received},
+             {"dead_records_dropped", g.dead_records_dropped}, {"attaches", g.attaches},
+             {"deaths", g.deaths},                     {"faulty", g.faulty},
+             {"backpressure_waits", g.backpressure_waits}, {"backpressure_refusals", g.backpressure_refusals}};
+  });
   heading("must be zero:");
   add("  invariant_violations", "/must_be_zero/invariant_violations", [](M m) { return m.zero(&RunResult::invariant_violations); });
   add("  corrupted_bytes", "/must_be_zero/corrupted_bytes", [](M m) { return m.zero(&RunResult::corrupted_bytes); });

@@ -3,9 +3,11 @@
 #pragma once
 
 #include "rank_tier.hpp"
+#include "ranks.hpp"
 
 #include <kvfuse/compose/loopback_pd.hpp>
 #include <kvfuse/compose/prometheus.hpp>
+#include <kvfuse/ipc/shm_engine.hpp>
 #include <kvfuse/kvfuse.hpp>
 
 #include <algorithm>
@@ -48,6 +50,11 @@ struct RunResult {
   Latency joint, kv_only, state_only;  ///< loads that resumed their request, by kind
   std::uint64_t staging_bytes = 0, verified_bytes = 0;
   std::uint64_t kv_loads_sent = 0;     ///< loads with a KV leg handed to a rank, per rank
+  std::string ranks_as = "threads";    ///< "threads" or "processes"
+  std::uint64_t rank_processes_lost = 0;    ///< rank process deaths the engine saw
+  std::uint64_t rank_loss_preemptions = 0;  ///< admissions torn down because a rank process died
+  std::vector<RankCounts> rank_processes;   ///< per rank, what its process reported (processes only)
+  std::optional<kvfuse::ShmEngineStats> segment;  ///< the engine side of the segment (processes only)
   std::uint64_t checkpoints_saved = 0;         ///< state checkpoints sent (mid-prefill and at finish)
   std::uint64_t checkpoints_deduplicated = 0;  ///< not sent: the index already had the hash
   std::uint64_t checkpoints_skipped = 0;       ///< prefill checkpoints not taken: no snapshot slot was free

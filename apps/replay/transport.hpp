@@ -1,6 +1,8 @@
 // kvfuse-replay: the engine's transport, the Coordinator's way to its ranks: each load and
 // save goes to every live rank, as an RPC layer would send it. A dead rank gets nothing, and
-// the quorum settles without it (the death fault).
+// the quorum settles without it (the death fault). Ranks as processes get it as one frame in
+// each attached rank's ring (ShmEngine); a rank marked dead there still gets the frame, and
+// the quorum drops its records as a dead rank's.
 #pragma once
 
 #include "ranks.hpp"
@@ -19,25 +21,15 @@ class Transport {
   explicit Transport(Ranks& ranks) : ranks_(ranks), alive_(ranks.world(), true) {}
 
   bool send(const kvfuse::LoadRequest& r) {
-    for (std::uint32_t i = 0; i < ranks_.world(); ++i)
-      if (alive_[i]) {
-        ranks_.load(i, r);
-        kv_loads_sent_ += r.kv.has_value();
-      }
-    return true;
+    const Delivery d = ranks_.deliver(r, alive_);
+    if (r.kv) kv_loads_sent_ += d.ranks;
+    return d.sent;
   }
-  bool send(const kvfuse::KvSave& s) {
-    for (std::uint32_t i = 0; i < ranks_.world(); ++i)
-      if (alive_[i]) ranks_.save_kv(i, s);
-    return true;
-  }
-  bool send(const kvfuse::StateSave& s) {
-    for (std::uint32_t i = 0; i < ranks_.world(); ++i)
-      if (alive_[i]) ranks_.save_state(i, s);
-    return true;
-  }
+  bool send(const kvfuse::KvSave& s) { return ranks_.deliver(s, alive_).sent; }
+  bool send(const kvfuse::StateSave& s) { return ranks_.deliver(s, alive_).sent; }
 
-  bool alive(std::uint32_t rank) const { return alive_[rank]; }
+  /// Not marked dead (the death fault) and up (a killed rank process that has not come back is not).
+  bool alive(std::uint32_t rank) const { return alive_[rank] && ranks_.up(rank); }
   void set_alive(std::uint32_t rank, bool alive) { alive_[rank] = alive; }
   /// Loads with a KV leg handed to a rank, counted once per rank: each is one KV retrieve there.
   std::uint64_t kv_loads_sent() const noexcept { return kv_loads_sent_; }
