@@ -31,12 +31,14 @@
 import re
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from redis_server import redis_server  # noqa: E402
 
 ZEROS = ["invariant_violations", "corrupted_bytes", "stranded_parked", "leaked_slots", "two_pass_delta"]
 
@@ -411,49 +413,32 @@ def usage(replay, path):
 
 
 def redis(replay):
-    server = shutil.which("redis-server")
-    if server is None:
-        fail("redis-server is missing. Run, as root: apt-get install -y redis-server libhiredis-dev")
-    with tempfile.TemporaryDirectory() as tmp:
-        sock = os.path.join(tmp, "redis.sock")
-        proc = subprocess.Popen([server, "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no",
-                                 "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            for _ in range(200):
-                if os.path.exists(sock):
-                    break
-                proc.poll()
-                if proc.returncode is not None:
-                    fail("redis-server exited at start")
-                subprocess.run(["sleep", "0.05"])
-            report = run(replay, ["--tier", "redis", "--redis", "unix:" + sock, "--model", "dense,k3,multi",
-                                  "--sessions", "8", "--turns", "4", "--ranks", "4", "--blocks", "240", "--two-pass"])
-            check_zeros(report, True)
-            for name, m in report["models"].items():
-                if m["reused_tokens"]["tier"] == 0:
-                    fail(f"{name}: nothing came back from redis")
-            # The remote tier's own counters reach the exposition, per rank and model.
-            trips = [line for line in report["metrics_text"].splitlines()
-                     if line.startswith("kvfuse_tier_round_trips_total{") and 'tier="redis"' in line]
-            if len(trips) < 4 or not any(float(line.rsplit(" ", 1)[1]) > 0 for line in trips):
-                fail(f"--metrics-out has no redis round trips: {trips}")
-            # A batched tier stays batched through the ranks' wrapper: each KV load is one
-            # get_batch, one round trip, however many chunks it reads. The server-side count
-            # (the tier's own metric) must equal the calls the wrapper made, each one exchange.
-            for name, m in report["models"].items():
-                calls = m["tier_calls"]
-                loads, reads, chunks = calls["kv_loads_sent"], calls["kv_reads"], calls["kv_chunks_read"]
-                if loads == 0 or chunks <= loads:
-                    fail(f"{name}: {loads} KV loads reading {chunks} chunks: no load read several chunks to batch")
-                if reads != loads:
-                    fail(f"{name}: {reads} KV reads from redis for {loads} KV loads: not one round trip per load")
-                server = sum(int(line.rsplit(" ", 1)[1]) for line in trips if re.search(f'model="{name}"', line))
-                if server != calls["total"]:
-                    fail(f"{name}: redis counted {server} round trips, the ranks made {calls['total']} tier calls")
-                print(f"{name}: {loads} KV loads, {reads} KV round trips for {chunks} chunks; {server} round trips in all")
-        finally:
-            proc.kill()
-            proc.wait()
+    with redis_server() as sock:
+        report = run(replay, ["--tier", "redis", "--redis", "unix:" + sock, "--model", "dense,k3,multi",
+                              "--sessions", "8", "--turns", "4", "--ranks", "4", "--blocks", "240", "--two-pass"])
+        check_zeros(report, True)
+        for name, m in report["models"].items():
+            if m["reused_tokens"]["tier"] == 0:
+                fail(f"{name}: nothing came back from redis")
+        # The remote tier's own counters reach the exposition, per rank and model.
+        trips = [line for line in report["metrics_text"].splitlines()
+                 if line.startswith("kvfuse_tier_round_trips_total{") and 'tier="redis"' in line]
+        if len(trips) < 4 or not any(float(line.rsplit(" ", 1)[1]) > 0 for line in trips):
+            fail(f"--metrics-out has no redis round trips: {trips}")
+        # A batched tier stays batched through the ranks' wrapper: each KV load is one
+        # get_batch, one round trip, however many chunks it reads. The server-side count
+        # (the tier's own metric) must equal the calls the wrapper made, each one exchange.
+        for name, m in report["models"].items():
+            calls = m["tier_calls"]
+            loads, reads, chunks = calls["kv_loads_sent"], calls["kv_reads"], calls["kv_chunks_read"]
+            if loads == 0 or chunks <= loads:
+                fail(f"{name}: {loads} KV loads reading {chunks} chunks: no load read several chunks to batch")
+            if reads != loads:
+                fail(f"{name}: {reads} KV reads from redis for {loads} KV loads: not one round trip per load")
+            server = sum(int(line.rsplit(" ", 1)[1]) for line in trips if re.search(f'model="{name}"', line))
+            if server != calls["total"]:
+                fail(f"{name}: redis counted {server} round trips, the ranks made {calls['total']} tier calls")
+            print(f"{name}: {loads} KV loads, {reads} KV round trips for {chunks} chunks; {server} round trips in all")
 
 
 if __name__ == "__main__":

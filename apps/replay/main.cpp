@@ -16,6 +16,7 @@
 #include "workload.hpp"
 
 #include <CLI/CLI.hpp>
+#include <common/app_support.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -41,18 +42,7 @@ namespace {
 
 using namespace replay;
 
-/// Removes the run's temporary directory however main() ends.
-struct TempRoot {
-  std::filesystem::path path;
-  explicit TempRoot(const std::filesystem::path& parent) : path(parent / ("kvfuse-replay-" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempRoot() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
+using kvfuse_apps::TempRoot;
 
 /// Writes `text` to `path` whole or not at all (a temporary name, then a rename).
 void write_whole(const std::string& path, const std::string& text) {
@@ -317,7 +307,7 @@ int main(int argc, char** argv) {
 
   std::optional<TempRoot> made;
   try {
-    made.emplace(dir);
+    made.emplace(dir, "kvfuse-replay");
   } catch (const std::filesystem::filesystem_error& e) {
     return usage_error(app, std::string("--dir: ") + e.what());
   }

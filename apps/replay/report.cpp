@@ -9,11 +9,6 @@ namespace replay {
 
 namespace {
 
-std::string fixed(double v, int decimals) {
-  char b[48];
-  std::snprintf(b, sizeof b, "%.*f", decimals, v);
-  return b;
-}
 
 nlohmann::json latency_json(const Latency& l) { return {{"count", l.count}, {"p50_us", l.p50}, {"p99_us", l.p99}}; }
 std::string latency_text(const Latency& l) { return l.count ? fixed(l.p50, 0) + " / " + fixed(l.p99, 0) : "-"; }
@@ -39,16 +34,6 @@ std::string plain(const nlohmann::json& v) {
 }
 
 }  // namespace
-
-std::string thousands(std::uint64_t v) {
-  const std::string digits = std::to_string(v);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(digits[i]);
-  }
-  return out;
-}
 
 std::optional<std::uint64_t> dense_reused(const std::vector<ModelReport>& models) {
   for (const ModelReport& m : models)

@@ -9,6 +9,7 @@
 #include "result.hpp"
 #include "workload.hpp"
 
+#include <common/app_support.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -82,8 +83,8 @@ class Progress {
   Clock::time_point started_, last_;
 };
 
-/// `v` with thousands separators (1,234,567).
-std::string thousands(std::uint64_t v);
+using kvfuse_apps::fixed;
+using kvfuse_apps::thousands;
 
 /// One row of the report. `label`: the terminal table's row ("" = JSON only; no value = a
 /// heading). `key`: a JSON pointer under the model's object ("" = terminal only). `show`:

@@ -13,11 +13,13 @@
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "apps", "common"))
+from redis_server import redis_server  # noqa: E402
 
 ZEROS = ["invariant_violations", "corrupted_loads", "stranded_parked", "leaked_slots", "two_pass_delta"]
 # Small enough for CI, large enough that every load kind happens: 4 conversations over 2
@@ -110,56 +112,39 @@ def control(binary, model, which):
 
 
 def redis(binary):
-    server = shutil.which("redis-server")
-    if server is None:
-        fail("redis-server is missing. Run, as root: apt-get install -y redis-server libhiredis-dev")
-    with tempfile.TemporaryDirectory() as tmp:
-        sock = os.path.join(tmp, "redis.sock")
-        proc = subprocess.Popen([server, "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no",
-                                 "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.time() + 10
-            while not os.path.exists(sock):
-                if proc.poll() is not None:
-                    fail("redis-server exited at start")
-                if time.time() > deadline:
-                    fail("redis-server did not open its socket within 10 s")
-                time.sleep(0.05)
-            tier = ["--tier", "redis", "--redis", "unix:" + sock, "--key-prefix", "kvfuse-llama-test:"]
-            first_out = os.path.join(tmp, "first.json")
-            # The first engine: both passes (its own comparison), saving into the server.
-            first, _ = run(binary, [*WORKLOAD, *tier, "--outputs-out", first_out], 0)
-            check_zeros(first)
-            # The second engine, another process with an empty index: it reseeds the index
-            # from the server's keys, restores what the first saved, and must give the first
-            # one's outputs bit for bit.
-            second, _ = run(binary, [*WORKLOAD, *tier, "--passes", "1", "--outputs-expected", first_out], 0)
-            check_zeros(second)
-            for model, m in second["models"].items():
-                w = m["workloads"]["conversations"]
-                if m["expected_outputs"]["compared"] != w["requests"] or m["expected_outputs"]["delta"] != 0:
-                    fail(f"{model}: outputs against the first process: {m['expected_outputs']}")
-                if w["reused_tokens"]["tier"] <= conversations(first, model)["reused_tokens"]["tier"]:
-                    fail(f"{model}: the second process restored no more than the first did: {w['reused_tokens']}")
-                if model != "llama" and w["hashes_reseeded"] == 0:
-                    fail(f"{model}: the second process found no checkpoint in the server")
-                if w["saves"]["failed"] != 0:
-                    fail(f"{model}: saves failed: {w['saves']}")
-            # The comparison can fail: one changed logit bit in the expected file.
-            with open(first_out) as f:
-                doctored = json.load(f)
-            entry = doctored["models"]["kimi-k3"]["conversations"][5]
-            entry["logits"] = ("1" if entry["logits"][0] != "1" else "2") + entry["logits"][1:]
-            doctored_out = os.path.join(tmp, "doctored.json")
-            with open(doctored_out, "w") as f:
-                json.dump(doctored, f)
-            third, _ = run(binary, [*WORKLOAD, *tier, "--passes", "1", "--model", "kimi-k3",
-                                    "--outputs-expected", doctored_out], 1)
-            if third["models"]["kimi-k3"]["expected_outputs"]["delta"] != 1:
-                fail(f"a doctored expected file: {third['models']['kimi-k3']['expected_outputs']}")
-        finally:
-            proc.kill()
-            proc.wait()
+    with redis_server() as sock, tempfile.TemporaryDirectory() as tmp:
+        tier = ["--tier", "redis", "--redis", "unix:" + sock, "--key-prefix", "kvfuse-llama-test:"]
+        first_out = os.path.join(tmp, "first.json")
+        # The first engine: both passes (its own comparison), saving into the server.
+        first, _ = run(binary, [*WORKLOAD, *tier, "--outputs-out", first_out], 0)
+        check_zeros(first)
+        # The second engine, another process with an empty index: it reseeds the index
+        # from the server's keys, restores what the first saved, and must give the first
+        # one's outputs bit for bit.
+        second, _ = run(binary, [*WORKLOAD, *tier, "--passes", "1", "--outputs-expected", first_out], 0)
+        check_zeros(second)
+        for model, m in second["models"].items():
+            w = m["workloads"]["conversations"]
+            if m["expected_outputs"]["compared"] != w["requests"] or m["expected_outputs"]["delta"] != 0:
+                fail(f"{model}: outputs against the first process: {m['expected_outputs']}")
+            if w["reused_tokens"]["tier"] <= conversations(first, model)["reused_tokens"]["tier"]:
+                fail(f"{model}: the second process restored no more than the first did: {w['reused_tokens']}")
+            if model != "llama" and w["hashes_reseeded"] == 0:
+                fail(f"{model}: the second process found no checkpoint in the server")
+            if w["saves"]["failed"] != 0:
+                fail(f"{model}: saves failed: {w['saves']}")
+        # The comparison can fail: one changed logit bit in the expected file.
+        with open(first_out) as f:
+            doctored = json.load(f)
+        entry = doctored["models"]["kimi-k3"]["conversations"][5]
+        entry["logits"] = ("1" if entry["logits"][0] != "1" else "2") + entry["logits"][1:]
+        doctored_out = os.path.join(tmp, "doctored.json")
+        with open(doctored_out, "w") as f:
+            json.dump(doctored, f)
+        third, _ = run(binary, [*WORKLOAD, *tier, "--passes", "1", "--model", "kimi-k3",
+                                "--outputs-expected", doctored_out], 1)
+        if third["models"]["kimi-k3"]["expected_outputs"]["delta"] != 1:
+            fail(f"a doctored expected file: {third['models']['kimi-k3']['expected_outputs']}")
 
 
 def usage(binary):

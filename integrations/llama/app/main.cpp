@@ -25,25 +25,16 @@
 #include <string>
 #include <vector>
 
+#include <common/app_support.hpp>
+
 namespace {
 
 using namespace llama_app;
 
-std::string thousands(std::uint64_t v) {
-  const std::string digits = std::to_string(v);
-  std::string out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
-    out.push_back(digits[i]);
-  }
-  return out;
-}
+using kvfuse_apps::thousands;
+using kvfuse_apps::TempRoot;
 
-std::string fixed(double v, int decimals) {
-  char b[48];
-  std::snprintf(b, sizeof b, "%.*f", decimals, v);
-  return b;
-}
+using kvfuse_apps::fixed;
 
 std::string hex_of(const std::vector<float>& logits) {
   static constexpr char digits[] = "0123456789abcdef";
@@ -222,19 +213,6 @@ int usage_error(const CLI::App& app, const std::string& message) {
   return 2;
 }
 
-/// Removes the run's temporary directory however main() ends.
-struct TempRoot {
-  std::filesystem::path path;
-  explicit TempRoot(const std::filesystem::path& parent) : path(parent / ("kvfuse-llama-" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~TempRoot() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -361,7 +339,7 @@ int main(int argc, char** argv) {
   try {
     std::optional<TempRoot> made;
     try {
-      made.emplace(o.dir);
+      made.emplace(o.dir, "kvfuse-llama");
     } catch (const std::filesystem::filesystem_error& e) {
       return usage_error(app, std::string("--dir: ") + e.what());
     }
