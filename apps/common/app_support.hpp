@@ -1,5 +1,5 @@
-// kvfuse's applications (kvfuse-replay, kvfuse-llama): the small pieces every report and
-// every run directory needs, written once.
+// kvfuse's applications (kvfuse-replay, kvfuse-llama): the small pieces every report,
+// output file and run directory needs, written once.
 #pragma once
 
 #include <unistd.h>
@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -30,6 +32,19 @@ inline std::string fixed(double v, int decimals) {
   char b[48];
   std::snprintf(b, sizeof b, "%.*f", decimals, v);
   return b;
+}
+
+/// Writes `text` to `path` whole or not at all: a temporary name, then a rename, so a reader
+/// never sees half a report. Throws std::runtime_error or std::filesystem::filesystem_error
+/// naming the path when it cannot.
+inline void write_whole(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out.flush()) throw std::runtime_error("cannot write \"" + path + "\"");
+  }
+  std::filesystem::rename(tmp, path);
 }
 
 /// A run's temporary directory `parent/NAME-PID`, made empty at construction and removed

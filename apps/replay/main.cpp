@@ -44,16 +44,7 @@ using namespace replay;
 
 using kvfuse_apps::TempRoot;
 
-/// Writes `text` to `path` whole or not at all (a temporary name, then a rename).
-void write_whole(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw std::runtime_error("cannot write \"" + path + "\"");
-  }
-  std::filesystem::rename(tmp, path);
-}
+using kvfuse_apps::write_whole;
 
 /// Runs one pass of `model` in a directory of its own under `root`.
 RunResult run_one(const Model& model, const Workload& w, RunOptions o, Progress& progress, const std::filesystem::path& root,

@@ -47,16 +47,7 @@ std::string hex_of(const std::vector<float>& logits) {
   return out;
 }
 
-/// Writes `text` to `path` whole or not at all.
-void write_whole(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    if (!out.flush()) throw std::runtime_error("cannot write \"" + path + "\"");
-  }
-  std::filesystem::rename(tmp, path);
-}
+using kvfuse_apps::write_whole;
 
 /// One table for one workload: a column per model.
 void print_workload(const std::vector<ModelResult>& models, std::size_t w, bool two_passes) {
