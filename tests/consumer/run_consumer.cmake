@@ -20,6 +20,9 @@ if(NOT CXX_COMPILER)
 endif()
 set(compiler -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
 
+# The consumer needs only the headers: the llama.cpp integration is off here. Its own tests,
+# the two-pass comparisons and the controls that must make them differ (a flipped KV byte, a
+# state of the wrong boundary), live in integrations/llama/.
 if(MODE STREQUAL "find_package")
   run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE} -B ${WORK}/kvfuse-build ${compiler} -DKVFUSE_BUILD_TESTS=OFF
       -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DKVFUSE_BUILD_APPS=OFF -DKVFUSE_BUILD_LLAMA=OFF
