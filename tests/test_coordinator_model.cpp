@@ -110,6 +110,7 @@ struct Run {
   std::vector<BlockId> blocks;
   std::vector<Checkpoint> checkpoints;
   std::uint64_t unparks = 0, releases = 0, completed = 0, readmissions = 0, repeated_teardowns = 0, every_rank_dead = 0;
+  std::uint64_t finishes_without_admission = 0;
   std::set<AdmissionId> admissions_seen;
   std::vector<SlotId> free_snapshots;
   std::map<SlotId, SaveKey> held_snapshots;  // snapshot -> the state save that reads it
@@ -282,7 +283,16 @@ struct Run {
   void op_finish() {
     const std::uint64_t r = pick(kRequests);
     ModelRequest& m = model[r];
-    if (m.state == ModelRequest::State::idle) return;
+    if (m.state == ModelRequest::State::idle) {
+      // No live admission (torn down with its load maybe in flight, finished with its save
+      // maybe still reading, or never admitted): left alone, nothing sent, nothing freed.
+      const std::size_t sent = coord.finish(FinishRequest{RequestId{r}, kBlock * (1 + pick(16)), keys, blocks,
+                                                          checkpoints[pick(checkpoints.size())], SlotId{static_cast<std::uint32_t>(r)}});
+      CHECK(sent == 0);
+      CHECK(new_saves().empty());
+      ++finishes_without_admission;
+      return;
+    }
     const TokenCount computed = kBlock * (1 + pick(16));
     const bool parked = m.state == ModelRequest::State::parked;
     const std::size_t sent = coord.finish(FinishRequest{RequestId{r}, computed, keys, blocks,
@@ -425,6 +435,8 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     CHECK(run.transport.drops > 10);
     CHECK(run.readmissions > 100);
     CHECK(run.repeated_teardowns > 100);
+    CHECK(run.finishes_without_admission > 100);
+    CHECK(s.finish_without_admission == run.finishes_without_admission);
     CHECK(run.every_rank_dead > 0);
     CHECK(run.checkpoints_saved > 100);
     CHECK(run.checkpoints_refused_as_indexed > 100);
@@ -458,4 +470,54 @@ TEST_CASE("coordinator: a save whose source a rank could not confirm free keeps 
   for (int i = 0; i < 3; ++i) CHECK(run.coord.step().freed.empty());
   CHECK(run.coord.stats().sources_pinned == 1);
   CHECK(run.index.stats().saves_outstanding == 0);  // the save itself ended (failed)
+}
+
+// finish() on a request whose admission already ended must not start a new one: the engine
+// would get a Freed (and, on a stateful model, the ranks a StateSave from the slot) while a
+// rank still writes or reads what the ended admission holds.
+TEST_CASE("R8 coordinator: finish after a teardown frees nothing and saves nothing while the orphaned load may still write") {
+  Clock::current = Clock::time_point{};
+  Run run(3);
+  const TokenCount prompt = 2 * kChunk + kBlock;  // 144: a joint load to the checkpoint at 96
+  const AdmitDecision d = run.coord.admit(AdmitRequest{RequestId{1}, prompt, 0, run.keys, run.blocks, run.checkpoints, SlotId{2}});
+  REQUIRE(d.parked);
+  REQUIRE(run.owed.size() == kWorld);  // the load, owed by every rank
+  run.coord.teardown(RequestId{1});    // orphaned: its ranks may still write its blocks and slot
+  CHECK(run.coord.finish(FinishRequest{RequestId{1}, prompt, run.keys, run.blocks, Checkpoint{128, PrefixHash{5128}}, SlotId{2}}) == 0);
+  CHECK(run.owed.size() == kWorld);  // no save went out: nothing reads the slot the load restores into
+  CHECK(run.coord.stats().finish_without_admission == 1);
+  for (int i = 0; i < 3; ++i) CHECK(run.coord.step().freed.empty());
+  // The ranks report: now, and only now, the torn-down admission comes back, once.
+  std::size_t freed = 0;
+  while (!run.owed.empty()) {
+    run.op_deliver();
+    for (const Freed& f : run.coord.step().freed) {
+      CHECK(f.admission == d.admission);
+      ++freed;
+    }
+  }
+  CHECK(freed == 1);
+  CHECK(run.coord.stats().invariant_violations == 0);
+}
+
+TEST_CASE("R8 coordinator: a second finish frees nothing while the first finish's save still reads the blocks") {
+  Clock::current = Clock::time_point{};
+  Run run(5);
+  const AdmitDecision d = run.coord.admit(AdmitRequest{RequestId{3}, 10, 0, run.keys, run.blocks, run.checkpoints, SlotId{3}});
+  REQUIRE_FALSE(d.parked);
+  REQUIRE(run.coord.finish(FinishRequest{RequestId{3}, 192, run.keys, run.blocks, std::nullopt, std::nullopt}) == 1);
+  REQUIRE(run.owed.size() == kWorld);  // the KV save's released phase, owed by every rank
+  CHECK(run.coord.finish(FinishRequest{RequestId{3}, 256, run.keys, run.blocks, std::nullopt, std::nullopt}) == 0);
+  CHECK(run.owed.size() == kWorld);
+  CHECK(run.coord.stats().finish_without_admission == 1);
+  for (int i = 0; i < 3; ++i) CHECK(run.coord.step().freed.empty());
+  std::size_t freed = 0;
+  while (!run.owed.empty()) {
+    run.op_deliver();
+    for (const Freed& f : run.coord.step().freed) {
+      CHECK(f.admission == d.admission);
+      ++freed;
+    }
+  }
+  CHECK(freed == 1);
 }

@@ -285,6 +285,7 @@ CoordinatorStats coordinator_stats() {
   s.progress_saves = 2020;
   s.snapshots_returned = 2021;
   s.snapshots_held = 2022;
+  s.finish_without_admission = 2023;
   return s;
 }
 
@@ -435,6 +436,7 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_coordinator_progress_saves_total", "", false, uint64_t{2020}},
       {"kvfuse_coordinator_snapshots_returned_total", "", false, uint64_t{2021}},
       {"kvfuse_coordinator_snapshots_held", "", false, uint64_t{2022}},
+      {"kvfuse_coordinator_finish_without_admission_total", "", false, uint64_t{2023}},
 
       {"kvfuse_pump_late_reports_total", "", false, uint64_t{3001}},
       {"kvfuse_pump_late_settlements_total", "", false, uint64_t{3002}},
@@ -564,7 +566,7 @@ TEST_CASE("prometheus: every field of every stats struct comes back exactly unde
   const std::vector<Expected> expected = expected_samples();
   std::set<std::string> expected_families;
   for (const Expected& e : expected) expected_families.insert(e.family);
-  CHECK(expected_families.size() == 122);
+  CHECK(expected_families.size() == 123);
   CHECK(parsed.families.size() == expected_families.size());
   CHECK(text.family_count() == expected_families.size());
   CHECK(text.sample_count() == expected.size());

@@ -319,6 +319,22 @@ TEST_CASE("R11 a rank process of another world size or geometry is refused, nami
   }
 }
 
+// The constructor opens the engine's pidfd before it checks the place: a refused attach
+// must close it (and the segment) even though no destructor of the rank runs.
+TEST_CASE("ranks as processes: a refused attach leaves no descriptor open") {
+  auto open_descriptors = [] {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  ShmEngine engine(options());
+  ShmRank holder(engine.name(), small_geometry(0, kRanks), 1s);  // rank 0's place is taken
+  const std::size_t before = open_descriptors();
+  for (int i = 0; i < 5; ++i)
+    CHECK_THROWS_WITH_AS(ShmRank(engine.name(), small_geometry(0, kRanks), 20ms), doctest::Contains("still held"), Error);
+  CHECK(open_descriptors() == before);
+}
+
 TEST_CASE("R20 a full frame ring is back-pressure: send waits, then refuses, and no rank gets the frame") {
   ShmOptions o = options();
   o.frame_ring_bytes = 4096;

@@ -310,9 +310,12 @@ class Coordinator {
   /// admission's blocks (and slot) come back as a Freed once every rank released the saves'
   /// source — usually long before the saves land. An engine that checkpoints only at the
   /// end needs nothing else. A request still parked is torn down instead (its load
-  /// orphaned, nothing saved); a request with no live admission (never admitted) gets one
-  /// here, so its saves are tracked and it is freed like any other. Returns how many saves
-  /// were sent (0, 1 or 2). Scheduler thread.
+  /// orphaned, nothing saved). A request with no live admission is left alone, as by
+  /// teardown(), and counted in finish_without_admission: "no live admission" is a request
+  /// torn down while its load may still write its blocks and slot, one finished whose save
+  /// still reads them, or one never admitted, and the Coordinator cannot tell these apart,
+  /// so it frees nothing and saves nothing from resources a rank may still use. Returns
+  /// how many saves were sent (0, 1 or 2). Scheduler thread.
   std::size_t finish(const FinishRequest& f) {
     if (parked_.contains(f.id)) {
       ++counters_.saves_skipped;
@@ -320,14 +323,18 @@ class Coordinator {
       return 0;
     }
     const std::optional<AdmissionId> live = ledger_.end_live(f.id);
-    const AdmissionId id = live ? *live : ledger_.start_ended(f.id);
+    if (!live) {
+      ++counters_.finish_without_admission;
+      return 0;
+    }
     std::size_t sent = 0;
-    if (ledger_.sources_held(id) == 0) {
-      sent += save_kv(id, f.id, f.computed_tokens, f.chunk_keys, f.blocks) ? 1 : 0;
-      if (f.checkpoint && f.slot) sent += save_state(*f.checkpoint, Source{id, *f.slot}) == CheckpointResult::saved ? 1 : 0;
+    if (ledger_.sources_held(*live) == 0) {
+      sent += save_kv(*live, f.id, f.computed_tokens, f.chunk_keys, f.blocks) ? 1 : 0;
+      if (f.checkpoint && f.slot)
+        sent += save_state(*f.checkpoint, Source{*live, *f.slot}) == CheckpointResult::saved ? 1 : 0;
     }
     if (sent == 0) ++counters_.saves_skipped;
-    ledger_.free_if_idle(id);  // now, or once every rank released the saves' source
+    ledger_.free_if_idle(*live);  // now, or once every rank released the saves' source
     return sent;
   }
 

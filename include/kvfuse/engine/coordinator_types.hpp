@@ -213,6 +213,7 @@ struct CoordinatorStats {
   std::uint64_t freed = 0;             ///< Freed events handed out (one per admission: blocks and slot free)
   std::uint64_t saves_submitted = 0;   ///< KV and state saves sent
   std::uint64_t saves_skipped = 0;     ///< finish() that saved nothing: a load or a save in flight, or nothing new
+  std::uint64_t finish_without_admission = 0;  ///< finish() of a request with no live admission: left alone, nothing saved or freed
   std::uint64_t waiting_now = 0;       ///< parked requests now
   std::uint64_t holding_now = 0;       ///< torn-down admissions whose load or transfer may still write their resources now
   std::uint64_t overdue = 0;           ///< loads the last tick() found in flight past the threshold

@@ -41,6 +41,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <kvfuse/bridge/frames.hpp>
@@ -48,6 +49,7 @@
 #include <kvfuse/completion/group.hpp>
 #include <kvfuse/completion/group_wrapper.hpp>
 #include <kvfuse/completion/tp_quorum.hpp>
+#include <kvfuse/detail/unique_fd.hpp>
 #include <kvfuse/error.hpp>
 #include <kvfuse/ipc/shm_emitter.hpp>
 #include <kvfuse/ipc/shm_segment.hpp>
@@ -126,14 +128,12 @@ class ShmEngine {
   ShmEngine& operator=(const ShmEngine&) = delete;
 
   /// Marks the segment closed and wakes every rank (they stop serving and exit), then
-  /// removes it (rank processes still mapping it keep their mapping) and closes the pidfds.
+  /// removes it (rank processes still mapping it keep their mapping); the pidfds close with the peers.
   ~ShmEngine() {
     // Tell the ranks first (they may be asleep on their frame rings): a clean shutdown ends
     // them as surely as the engine process dying would.
     segment_.header().closed.store(1, std::memory_order_release);
     for (std::uint32_t r = 0; r < world_size(); ++r) segment_.frame_ring(r).control().data.notify_all();
-    for (Peer& p : ranks_)
-      if (p.pidfd >= 0) ::close(p.pidfd);
     boost::interprocess::shared_memory_object::remove(name_.c_str());
   }
 
@@ -161,7 +161,7 @@ class ShmEngine {
   }
 
   /// Whether rank `r` is attached and alive as far as the engine knows. Scheduler thread.
-  [[nodiscard]] bool attached(std::uint32_t r) const noexcept { return r < ranks_.size() && ranks_[r].pidfd >= 0; }
+  [[nodiscard]] bool attached(std::uint32_t r) const noexcept { return r < ranks_.size() && ranks_[r].pidfd.valid(); }
   /// The pid of rank `r`'s attached process, or 0.
   [[nodiscard]] int pid_of(std::uint32_t r) const noexcept { return attached(r) ? ranks_[r].pid : 0; }
 
@@ -176,12 +176,12 @@ class ShmEngine {
     std::size_t changed = 0;
     for (std::uint32_t r = 0; r < world_size(); ++r) {
       Peer& p = ranks_[r];
-      if (p.pidfd >= 0 && (p.faulty || gone(p.pidfd))) {
+      if (p.pidfd.valid() && (p.faulty || gone(p.pidfd.get()))) {
         retire(r);
         pump.mark_rank_dead(r);
         ++changed;
       }
-      if (p.pidfd < 0 && note_attach(r)) {
+      if (!p.pidfd.valid() && note_attach(r)) {
         if (p.was_dead) pump.mark_rank_alive(r);
         ++changed;
       }
@@ -202,7 +202,7 @@ class ShmEngine {
   friend class ShmQuorum;
 
   struct Peer {
-    int pidfd = -1;
+    detail::UniqueFd pidfd;
     int pid = 0;
     std::uint64_t incarnation = 0;
     bool faulty = false;    // a malformed record or impossible counters: killed, retired at the next watch
@@ -234,20 +234,20 @@ class ShmEngine {
   // A rank that attached since the engine last looked: take a pidfd on its process.
   bool note_attach(std::uint32_t r) {
     Peer& p = ranks_[r];
-    if (p.pidfd >= 0) return true;
+    if (p.pidfd.valid()) return true;
     detail::RankControl& c = segment_.rank_control(r);
     if (c.state.load(std::memory_order_acquire) != static_cast<std::uint32_t>(detail::RankState::alive)) return false;
     const std::uint64_t incarnation = c.incarnation.load(std::memory_order_acquire);
     if (incarnation == p.incarnation) return false;  // the retired incarnation's state, not yet freed
     const int pid = c.pid.load(std::memory_order_acquire);
-    const int fd = detail::open_pidfd(pid);
+    detail::UniqueFd fd(detail::open_pidfd(pid));
     p.incarnation = incarnation;
-    if (fd < 0) {  // it attached and died before we looked
+    if (!fd.valid()) {  // it attached and died before we looked
       p.was_dead = true;
       reset_rank(r);
       return false;
     }
-    p.pidfd = fd;
+    p.pidfd = std::move(fd);
     p.pid = pid;
     p.faulty = false;
     ++stats_.attaches;
@@ -257,8 +257,7 @@ class ShmEngine {
   // The rank's process is gone: drop what its incarnation left, empty its rings, free its place.
   void retire(std::uint32_t r) {
     Peer& p = ranks_[r];
-    ::close(p.pidfd);
-    p.pidfd = -1;
+    p.pidfd.reset();
     p.pid = 0;
     p.was_dead = true;
     p.faulty = false;
@@ -282,10 +281,10 @@ class ShmEngine {
   // A rank that broke the protocol: killed now, handled as a death at the next watch.
   void mark_faulty(std::uint32_t r) {
     Peer& p = ranks_[r];
-    if (p.pidfd < 0 || p.faulty) return;
+    if (!p.pidfd.valid() || p.faulty) return;
     p.faulty = true;
     ++stats_.faulty;
-    (void)detail::signal_pidfd(p.pidfd, SIGKILL);
+    (void)detail::signal_pidfd(p.pidfd.get(), SIGKILL);
   }
 
   template <class Frame>
@@ -308,7 +307,7 @@ class ShmEngine {
         const auto key = ring.control().space.prepare_wait();
         if (ring.free_bytes() >= need) break;
         const auto now = std::chrono::steady_clock::now();
-        if (now >= deadline || gone(ranks_[r].pidfd)) {
+        if (now >= deadline || gone(ranks_[r].pidfd.get())) {
           ++stats_.backpressure_refusals;
           return false;
         }

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include <kvfuse/bridge/frames.hpp>
+#include <kvfuse/detail/unique_fd.hpp>
 #include <kvfuse/error.hpp>
 #include <kvfuse/ipc/shm_emitter.hpp>
 #include <kvfuse/ipc/shm_segment.hpp>
@@ -92,19 +93,18 @@ class ShmRank {
     if (rank_ >= h.geometry.world_size)
       throw Error(ErrorCode::invalid_argument, "rank " + std::to_string(rank_) + " is out of range: /" + name +
                                                    " has world_size " + std::to_string(h.geometry.world_size));
-    engine_pidfd_ = detail::open_pidfd(h.engine_pid);
-    if (engine_pidfd_ < 0 || detail::process_start(h.engine_pid) != h.engine_start)
-      throw Error(ErrorCode::io_failure, "the engine of /" + name + " (pid " + std::to_string(h.engine_pid) + ") is gone");
-    take_place(name, attach_timeout);
+    // Allocated before the place is taken: a throw past take_place would leave the place
+    // marked alive for a rank that never serves.
     frame_.resize(max_frame_bytes);
     counters_ = std::make_unique<ShmEmitterCounters[]>(h.lanes);
+    engine_pidfd_ = detail::UniqueFd(detail::open_pidfd(h.engine_pid));  // owned at once: a throw below closes it
+    if (!engine_pidfd_.valid() || detail::process_start(h.engine_pid) != h.engine_start)
+      throw Error(ErrorCode::io_failure, "the engine of /" + name + " (pid " + std::to_string(h.engine_pid) + ") is gone");
+    take_place(name, attach_timeout);
   }
 
   ShmRank(const ShmRank&) = delete;
   ShmRank& operator=(const ShmRank&) = delete;
-  ~ShmRank() {
-    if (engine_pidfd_ >= 0) ::close(engine_pidfd_);
-  }
 
   /// The emitter of `lane` (0 .. lanes_per_rank - 1), for the connector. Throws Error
   /// naming the lane when out of range. Call before the connector runs.
@@ -151,7 +151,7 @@ class ShmRank {
   /// on, the lanes drop). Any thread.
   bool engine_gone() noexcept {
     if (engine_gone_.load(std::memory_order_acquire)) return true;
-    pollfd fd{engine_pidfd_, POLLIN, 0};
+    pollfd fd{engine_pidfd_.get(), POLLIN, 0};
     if (::poll(&fd, 1, 0) > 0 || segment_.header().closed.load(std::memory_order_acquire) != 0)
       engine_gone_.store(true, std::memory_order_release);
     return engine_gone_.load(std::memory_order_relaxed);
@@ -237,7 +237,7 @@ class ShmRank {
 
   std::uint32_t rank_;
   detail::MappedSegment segment_;
-  int engine_pidfd_ = -1;
+  detail::UniqueFd engine_pidfd_;
   std::atomic<bool> engine_gone_{false};
   std::unique_ptr<ShmEmitterCounters[]> counters_;
   std::vector<std::byte> frame_;

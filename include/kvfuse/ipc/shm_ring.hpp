@@ -121,13 +121,17 @@ class FrameRing {
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
 
  private:
+  // n == 0 returns at once: an empty frame's span may have a null data pointer, and memcpy
+  // of a null pointer is undefined even for zero bytes.
   void write(std::uint64_t at, const void* src, std::size_t n) noexcept {
+    if (n == 0) return;
     const std::size_t pos = static_cast<std::size_t>(at % capacity_);
     const std::size_t first = n < capacity_ - pos ? n : capacity_ - pos;
     std::memcpy(data_ + pos, src, first);
     std::memcpy(data_, static_cast<const std::byte*>(src) + first, n - first);
   }
   void read(std::uint64_t at, void* dst, std::size_t n) const noexcept {
+    if (n == 0) return;
     const std::size_t pos = static_cast<std::size_t>(at % capacity_);
     const std::size_t first = n < capacity_ - pos ? n : capacity_ - pos;
     std::memcpy(dst, data_ + pos, first);

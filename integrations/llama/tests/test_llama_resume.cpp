@@ -41,10 +41,14 @@ void resumes_bitwise_at_every_boundary(const std::string& arch) {
 }
 
 // Why the runner never lets an ubatch cross a multiple of the ubatch size, and a resume
-// start on the block grid: the cuts then are those of a prefill that never stopped. A stop
-// one token past the grid leaves a one-token ubatch, which llama.cpp's CPU backend runs
-// with its matrix-vector kernels, summing in another order than the batched ones.
-void stops_decide_the_bits(const std::string& arch) {
+// start on the block grid: the cuts then are those of a prefill that never stopped, so
+// stops on the grid keep the bits. That is kvfuse's promise, asserted on every build. A
+// stop one token past the grid leaves a one-token ubatch, which llama.cpp's CPU backend may
+// run with other kernels (matrix-vector) that sum in another order; whether the bits move
+// then depends on llama.cpp's kernels for this CPU and build type (on some CPUs the dense
+// model's do not), so it is reported, not asserted. The controls below (a flipped byte,
+// another boundary's or prompt's slot) are what shows the comparison can fail.
+void stops_on_the_grid_keep_the_bits(const std::string& arch) {
   const SequenceRunner& runner = runner_for(arch);
   const Reference ref = reference_pass(runner);
   auto stopped_at = [&](std::initializer_list<TokenCount> stops) {
@@ -58,9 +62,10 @@ void stops_decide_the_bits(const std::string& arch) {
   CHECK(on_grid.tokens == ref.decoded.tokens);
   CHECK(same_bits(on_grid.first_logits, ref.decoded.first_logits));
   const Decoded one_token_ubatch = stopped_at({129});
-  MESSAGE(arch << ": a one-token ubatch at 128 moves the first logits by up to "
-               << largest_difference(one_token_ubatch.first_logits, ref.decoded.first_logits));
-  CHECK_FALSE(same_bits(one_token_ubatch.first_logits, ref.decoded.first_logits));
+  MESSAGE(arch << ": measured, not asserted: a one-token ubatch at 128 "
+               << (same_bits(one_token_ubatch.first_logits, ref.decoded.first_logits) ? "keeps" : "changes")
+               << " the first logits' bits (largest difference "
+               << largest_difference(one_token_ubatch.first_logits, ref.decoded.first_logits) << ")");
 }
 
 // Flips one bit of the exponent of the first element of the longest-reaching row in the
@@ -129,14 +134,14 @@ TEST_CASE("deepseek4: rebuilt from its compressed-KV blocks and window state slo
   resumes_bitwise_at_every_boundary("deepseek4");
 }
 
-TEST_CASE("llama: stops on the ubatch grid keep the bits and a one-token ubatch changes them") {
-  stops_decide_the_bits("llama");
+TEST_CASE("llama: stops on the ubatch grid keep the bits") {
+  stops_on_the_grid_keep_the_bits("llama");
 }
-TEST_CASE("kimi-k3: stops on the ubatch grid keep the bits and a one-token ubatch changes them") {
-  stops_decide_the_bits("kimi-k3");
+TEST_CASE("kimi-k3: stops on the ubatch grid keep the bits") {
+  stops_on_the_grid_keep_the_bits("kimi-k3");
 }
-TEST_CASE("deepseek4: stops on the ubatch grid keep the bits and a one-token ubatch changes them") {
-  stops_decide_the_bits("deepseek4");
+TEST_CASE("deepseek4: stops on the ubatch grid keep the bits") {
+  stops_on_the_grid_keep_the_bits("deepseek4");
 }
 
 TEST_CASE("llama control: one flipped byte in one KV block changes the first logits") {

@@ -153,6 +153,7 @@ inline constexpr Field<CoordinatorStats> coordinator_fields[] = {
     counter<&CoordinatorStats::freed>("freed", "Freed events handed out, one per admission (blocks and slot free)."),
     counter<&CoordinatorStats::saves_submitted>("saves_submitted", "KV and state saves sent."),
     counter<&CoordinatorStats::saves_skipped>("saves_skipped", "finish calls that saved nothing."),
+    counter<&CoordinatorStats::finish_without_admission>("finish_without_admission", "finish calls on a request with no live admission, left alone."),
     gauge<&CoordinatorStats::waiting_now>("waiting", "Requests parked now."),
     gauge<&CoordinatorStats::holding_now>("holding", "Requests whose resources wait for their ranks now."),
     gauge<&CoordinatorStats::overdue>("overdue", "Loads the last tick found in flight past the threshold."),

@@ -36,14 +36,10 @@ class AdmissionLedger {
   /// A new admission of `request`, its live one from now on. Precondition: the request has
   /// no live admission (end_live first).
   AdmissionId start(RequestId request) {
-    const AdmissionId id = issue(request, false);
+    const AdmissionId id = issue(request);
     requests_.at(request).live = id;
     return id;
   }
-
-  /// A new admission of `request` that has already ended (finish() of a request that was
-  /// never admitted): tracked only until nothing touches its resources.
-  AdmissionId start_ended(RequestId request) { return issue(request, true); }
 
   /// The request's live admission, if any. O(1).
   [[nodiscard]] std::optional<AdmissionId> live(RequestId request) const noexcept {
@@ -138,10 +134,10 @@ class AdmissionLedger {
     std::uint32_t admissions = 0;  // on the books, the live one included
   };
 
-  AdmissionId issue(RequestId request, bool ended) {
+  AdmissionId issue(RequestId request) {
     const AdmissionId id{++last_};
     ++requests_[request].admissions;
-    admissions_.emplace(id, Admission{request, 0, ended, false, false});
+    admissions_.emplace(id, Admission{request, 0, false, false, false});
     return id;
   }
 

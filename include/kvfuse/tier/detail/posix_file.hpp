@@ -1,5 +1,4 @@
-// kvfuse/tier/detail/posix_file.hpp — the POSIX file plumbing under DiskTier: an owning file
-// descriptor, whole reads and writes that retry short transfers and EINTR, and the
+// kvfuse/tier/detail/posix_file.hpp — the POSIX file plumbing under DiskTier: whole reads and writes that retry short transfers and EINTR, and the
 // write-to-a-temporary-then-rename that makes a put atomic.
 //
 // Everything works on descriptors (a directory descriptor plus a name, the *at calls), so
@@ -18,41 +17,12 @@
 #include <span>
 #include <utility>
 
+#include <kvfuse/detail/unique_fd.hpp>
+
 namespace kvfuse::detail::posix {
 
-/// Owns a file descriptor and closes it on destruction. Move-only. One owner at a time;
-/// any thread.
-class UniqueFd {
- public:
-  /// Owns nothing.
-  UniqueFd() noexcept = default;
-  /// Owns `fd` (may be negative: then it owns nothing and valid() is false).
-  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-
-  /// The descriptor, or -1.
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  /// Whether it owns a descriptor.
-  [[nodiscard]] bool valid() const noexcept { return fd_ >= 0; }
-  /// Closes now; false if close reported an error (a delayed write error on some filesystems).
-  bool reset() noexcept {
-    if (fd_ < 0) return true;
-    return ::close(std::exchange(fd_, -1)) == 0;
-  }
-
- private:
-  int fd_ = -1;
-};
+/// The owning descriptor every function here works with.
+using kvfuse::detail::UniqueFd;
 
 /// Reads up to `n` bytes at `offset`, retrying short reads; the count read (short only at
 /// end of file), or -1 on an I/O error. Any thread; noexcept.
