@@ -73,7 +73,7 @@ void BM_RequestLoadCompletePair(benchmark::State& state) {
   for (auto _ : state) {
     const std::uint32_t slot = static_cast<std::uint32_t>(i % 1024);
     const std::uint64_t hash = cold ? (i * 0x9E3779B97F4A7C15ULL) >> shift : n - 4096 + (i * 7919) % 4096;
-    LoadAdmission a = index->request_load(RequestId{i}, std::nullopt, leg(hash, slot));
+    LoadGrant a = index->request_load(RequestId{i}, std::nullopt, leg(hash, slot));
     const LoadRequest req = a.ticket().dispatch();
     benchmark::DoNotOptimize(index->settle(Settlement{req.key, true, false}));
     if (++i % 256 == 0) {
@@ -168,7 +168,7 @@ void BM_RequestLoadCompletePairKvOnly(benchmark::State& state) {
   std::vector<LoadResolution> drained;
   drained.reserve(256);
   for (auto _ : state) {
-    LoadAdmission a = index->request_load(RequestId{i}, KvSpec{}, std::nullopt);
+    LoadGrant a = index->request_load(RequestId{i}, KvSpec{}, std::nullopt);
     const LoadRequest req = a.ticket().dispatch();
     benchmark::DoNotOptimize(index->complete(req.key));
     if (++i % 256 == 0) {

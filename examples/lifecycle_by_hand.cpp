@@ -8,7 +8,7 @@
 // index must refuse, tickets the scheduler drops, and a torn-down request whose load is
 // lost), checks every byte each completed load wrote on every rank, and prints what
 // happened. Every number in the report is read from the objects after the run.
-#include <kvfuse/testing/index_consistency.hpp>
+#include <kvfuse/engine/index_consistency.hpp>
 #include <kvfuse/kvfuse.hpp>
 
 #include <chrono>
@@ -154,9 +154,9 @@ int main() {
     p.id = i;
     p.tokens = geo.chunk_tokens * (1 + rng() % 6);
     std::uint64_t h = 0x6b76667573650000ULL + i;
-    for (TokenCount c = 0; c < p.tokens / geo.chunk_tokens; ++c) p.keys.push_back(PrefixHash{h = detail::mix64(h + c)});
+    for (TokenCount c = 0; c < p.tokens / geo.chunk_tokens; ++c) p.keys.push_back(PrefixHash{h = mix64(h + c)});
     p.boundary = p.tokens - geo.block_tokens * (1 + rng() % 4);  // a checkpoint inside the last chunk
-    p.state_hash = PrefixHash{detail::mix64(h ^ p.boundary)};
+    p.state_hash = PrefixHash{mix64(h ^ p.boundary)};
     prompts.push_back(std::move(p));
   }
 
@@ -240,7 +240,7 @@ int main() {
       park.kv_to = end;
     }
     park.kind = !kv ? "state-only" : state ? "joint" : "KV-only";
-    LoadAdmission a = index.request_load(request, std::move(kv), state);
+    LoadGrant a = index.request_load(request, std::move(kv), state);
     if (!a) {
       ++refusals[std::string(to_string(a.refusal()))];
       continue;
@@ -306,7 +306,7 @@ int main() {
   // Report.
   const IndexStats is = index.stats();
   const PumpStats ps = pump.stats();
-  const kvfuse::testing::ConsistencyReport consistency = kvfuse::testing::check_consistency(index);
+  const kvfuse::ConsistencyReport consistency = kvfuse::check_consistency(index);
   std::size_t quarantined = 0, disk_entries = 0;
   for (auto& rank : ranks) {
     quarantined += rank->state_tier.stats().quarantined;

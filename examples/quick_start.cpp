@@ -111,13 +111,13 @@ int main() {
 
   // Load it back: a joint load of [0, 128) into blocks 16..23 and the checkpoint into slot 2.
   const std::vector<BlockId> load_blocks{{16}, {17}, {18}, {19}, {20}, {21}, {22}, {23}};
-  LoadAdmission admission = index.request_load(RequestId{1}, KvSpec{0, 128, chunk_keys, load_blocks},
+  LoadGrant grant = index.request_load(RequestId{1}, KvSpec{0, 128, chunk_keys, load_blocks},
                                                StateSpec{boundary, checkpoint, SlotId{2}, geo.block_tokens, geo.chunk_tokens});
-  if (!admission) {
-    std::printf("refused: %s (compute from scratch; nothing was dispatched)\n", to_string(admission.refusal()).data());
+  if (!grant) {
+    std::printf("refused: %s (compute from scratch; nothing was dispatched)\n", to_string(grant.refusal()).data());
     return 1;
   }
-  const LoadRequest request = admission.ticket().dispatch();  // ship it to every rank
+  const LoadRequest request = grant.ticket().dispatch();  // ship it to every rank
   for (auto& rank : ranks) rank->conn.load(request);
   if (!step_until([&] { return !resolved.empty(); })) return 1;
   const LoadResolution& r = resolved.front();

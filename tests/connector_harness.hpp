@@ -102,7 +102,7 @@ inline std::vector<PrefixHash> chunk_keys(std::uint64_t prompt, std::size_t chun
   std::vector<PrefixHash> keys;
   std::uint64_t h = prompt * 0x9e3779b97f4a7c15ULL + 1;
   for (std::size_t i = 0; i < chunks; ++i) {
-    h = detail::mix64(h + i);
+    h = mix64(h + i);
     keys.push_back(PrefixHash{h});
   }
   return keys;

@@ -275,9 +275,9 @@ TEST_CASE("R10 a state-only load ships no KV spec and moves no KV and marks no K
   OffloadIndex<> index(OffloadIndexOptions{.hash_capacity = 16, .slot_count = 4},
                        [&](SlotId s) { released.push_back(s); });
   index.note_stored(PrefixHash{5});
-  LoadAdmission a = index.request_load(RequestId{1}, std::nullopt,
+  LoadGrant a = index.request_load(RequestId{1}, std::nullopt,
                                        StateSpec{48, PrefixHash{5}, SlotId{1}, 16, 64});
-  REQUIRE(a.admitted());
+  REQUIRE(a.granted());
   LoadRequest request = a.ticket().dispatch();
   CHECK_FALSE(request.kv.has_value());  // no zero-length sentinel, no block table, no token ids
   conn.load(std::move(request));

@@ -17,8 +17,9 @@
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
+#include <kvfuse/host/admission_book.hpp>
 #include <kvfuse/kvfuse.hpp>
-#include <kvfuse/testing/index_consistency.hpp>
+#include <kvfuse/engine/index_consistency.hpp>
 
 #include <algorithm>
 #include <map>
@@ -71,6 +72,17 @@ struct SimTransport {
   }
 };
 
+/// Where the book hands freed blocks and slots: the requests share one block table and
+/// draw slots from pairs of their own (slot_for), so the model only counts them.
+struct Returned {
+  std::uint64_t blocks = 0, slots = 0;
+  void release(BlockId) { ++blocks; }
+  bool give(SlotId) {
+    ++slots;
+    return true;
+  }
+};
+
 struct AllHeld {
   std::size_t operator()(std::span<const PrefixHash> keys) const { return keys.size(); }
 };
@@ -105,12 +117,14 @@ struct Run {
   Coordinator<TpQuorum, SimTransport, AllHeld, Clock> coord{
       CoordinatorOptions{StateLayout::k3_recurrent, PlanGrids{kBlock, kChunk}, 0, 64}, index, pump, transport, lookup};
   std::map<std::uint64_t, ModelRequest> model;
+  AdmissionBook<> book;  // the host kit's book, fed every decision and step: it must agree
+  Returned returned;
   std::map<SaveKey, std::uint64_t> save_owner;
   std::vector<PrefixHash> keys;
   std::vector<BlockId> blocks;
   std::vector<Checkpoint> checkpoints;
   std::uint64_t unparks = 0, releases = 0, completed = 0, readmissions = 0, repeated_teardowns = 0, every_rank_dead = 0;
-  std::uint64_t finishes_without_admission = 0;
+  std::uint64_t finishes_without_admission = 0, admitted_while_parked = 0;
   std::set<AdmissionId> admissions_seen;
   std::vector<SlotId> free_snapshots;
   std::map<SlotId, SaveKey> held_snapshots;  // snapshot -> the state save that reads it
@@ -151,6 +165,12 @@ struct Run {
   }
 
   void absorb(const typename decltype(coord)::StepResult& s) {
+    Returned snapshots_returned;
+    std::uint64_t book_resumed = 0;
+    book.apply(s, returned, returned, snapshots_returned, [&](auto&, const Unpark&) { ++book_resumed; });
+    const AdmissionBookStats bs = book.stats();
+    REQUIRE(bs.unexpected_unparks + bs.unexpected_frees + bs.refused_slots == 0);  // it agrees with the coordinator
+    CHECK(book_resumed == s.unparked.size());
     for (const Unpark& u : s.unparked) {
       ++unparks;
       ModelRequest& m = model.at(u.request.value);
@@ -197,7 +217,7 @@ struct Run {
     const Checkpoint c = checkpoints[pick(checkpoints.size())];
     const SlotId slot = free_snapshots.back();
     const bool served = index.could_serve(c.hash);
-    const CheckpointResult result = coord.checkpoint(RequestId{r}, c, slot);
+    const CheckpointResult result = coord.checkpoint(c, slot);
     if (served) CHECK(result == CheckpointResult::already_indexed);
     if (result == CheckpointResult::already_indexed) ++checkpoints_refused_as_indexed;
     const std::vector<SaveKey> sent = new_saves();
@@ -247,11 +267,14 @@ struct Run {
     const std::uint64_t next = admissions_seen.empty() ? 1 : admissions_seen.rbegin()->value + 1;
     const AdmitDecision d = coord.admit(AdmitRequest{RequestId{r}, prompt, hbm, keys, blocks, checkpoints, slot_for(r, AdmissionId{next})});
     if (m.state == ModelRequest::State::parked) {  // a second admit of a parked request starts nothing
+      CHECK(book.open(RequestId{r}, d, {}, std::nullopt) == nullptr);  // nor does the book
+      CHECK(book.stats().admitted_while_parked == ++admitted_while_parked);
       CHECK_FALSE(d.parked);
       CHECK(d.reason == ComputeReason::already_parked);
       CHECK(d.admission == m.live);
       return;
     }
+    (void)book.open(RequestId{r}, d, {}, std::nullopt);
     REQUIRE_MESSAGE(admissions_seen.insert(d.admission).second, "admission " << d.admission.value << " issued twice");
     CHECK(d.admission.value == next);
     if (m.state == ModelRequest::State::running) {  // re-admitted without a teardown: the old admission ended
@@ -273,6 +296,7 @@ struct Run {
     const std::uint64_t r = pick(kRequests);
     ModelRequest& m = model[r];
     coord.teardown(RequestId{r});
+    (void)book.end(RequestId{r});
     if (m.state == ModelRequest::State::idle) {
       ++repeated_teardowns;  // nothing live: nothing new is due
       return;
@@ -298,6 +322,7 @@ struct Run {
     const std::size_t sent = coord.finish(FinishRequest{RequestId{r}, computed, keys, blocks,
                                                         checkpoints[pick(checkpoints.size())], slot_for(r, m.live)});
     if (parked) CHECK(sent == 0);  // a parked request is torn down, not finished
+    (void)book.end(RequestId{r});
     // Learn the saves it sent from the owed list (their keys are new).
     for (const Owed& o : owed)
       if (!o.is_load && !save_owner.contains(o.save)) {
@@ -403,6 +428,7 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     for (auto& [r, m] : run.model)
       if (m.state == ModelRequest::State::running) {
         run.coord.teardown(RequestId{r});
+        (void)run.book.end(RequestId{r});
         run.end_live(m);
       }
     Clock::current += 1h;
@@ -419,6 +445,8 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     CHECK(run.held_snapshots.empty());  // every snapshot came back
     CHECK(run.free_snapshots.size() == kSnapshots);
     CHECK(s.snapshots_held == 0);
+    CHECK(run.book.size() == 0);  // the book freed every admission the coordinator freed
+    CHECK(run.book.stats().freed == run.releases);
     for (const auto& [r, m] : run.model) {
       CAPTURE(r);
       CHECK(m.ended.empty());  // every admission that ended was freed
@@ -427,7 +455,7 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     const IndexStats is = run.index.stats();
     CHECK(is.outstanding == 0);
     CHECK(is.saves_outstanding == 0);
-    CHECK(testing::check_consistency(run.index).ok);
+    CHECK(check_consistency(run.index).ok);
     // The mix did what it is for.
     CHECK(run.unparks > 1000);
     CHECK(run.completed > 100);

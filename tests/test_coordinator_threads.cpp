@@ -3,7 +3,7 @@
 // writes is checked; every release is checked against what the ranks could still touch.
 #include "coordinator_harness.hpp"
 
-#include <kvfuse/testing/index_consistency.hpp>
+#include <kvfuse/engine/index_consistency.hpp>
 
 #include <algorithm>
 #include <memory>
@@ -338,7 +338,7 @@ TEST_CASE("coordinator: mid-prefill checkpoints are saved from snapshot slots th
   for (const TokenCount b : d.checkpoints) {
     // The prefill stops at b: the state there goes into the snapshot slot, then to the tier.
     for (auto& rank : e.ranks) rank->pools.write_state(snapshot, p.hash_at(b));
-    REQUIRE(e.coord.checkpoint(RequestId{1}, Checkpoint{b, p.hash_at(b)}, snapshot) == CheckpointResult::saved);
+    REQUIRE(e.coord.checkpoint(Checkpoint{b, p.hash_at(b)}, snapshot) == CheckpointResult::saved);
     CHECK(e.coord.stats().snapshots_held == 1);
     REQUIRE(e.step_until([&] { return e.snapshots_back == 1; }));  // every rank released it: reusable
     e.snapshots_back = 0;
@@ -377,13 +377,13 @@ TEST_CASE("coordinator: a checkpoint the index serves or is already saving is no
   (void)e.coord.admit(AdmitRequest{RequestId{1}, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{0}});
   for (auto& rank : e.ranks) rank->pools.write_state(SlotId{3}, p.hash_at(128));
   e.transport.skip_rank = 3;  // the first save stays in flight: rank 3 has not received it
-  REQUIRE(e.coord.checkpoint(RequestId{1}, Checkpoint{128, p.hash_at(128)}, SlotId{3}) == CheckpointResult::saved);
-  CHECK(e.coord.checkpoint(RequestId{1}, Checkpoint{128, p.hash_at(128)}, SlotId{2}) == CheckpointResult::already_indexed);
+  REQUIRE(e.coord.checkpoint(Checkpoint{128, p.hash_at(128)}, SlotId{3}) == CheckpointResult::saved);
+  CHECK(e.coord.checkpoint(Checkpoint{128, p.hash_at(128)}, SlotId{2}) == CheckpointResult::already_indexed);
   e.transport.skip_rank = kWorld;
   e.pump.mark_rank_dead(3);  // the save settles without it
   REQUIRE(e.step_until([&] { return e.snapshots_back == 1 && e.index.stats().saves_outstanding == 0; }));
   REQUIRE(e.index.could_serve(p.hash_at(128)));
-  CHECK(e.coord.checkpoint(RequestId{1}, Checkpoint{128, p.hash_at(128)}, SlotId{2}) == CheckpointResult::already_indexed);
+  CHECK(e.coord.checkpoint(Checkpoint{128, p.hash_at(128)}, SlotId{2}) == CheckpointResult::already_indexed);
   // finish's own checkpoint is deduplicated the same way.
   CHECK(e.coord.finish(FinishRequest{RequestId{1}, 0, p.keys, blocks, Checkpoint{128, p.hash_at(128)}, SlotId{0}}) == 0);
   CHECK(e.coord.stats().checkpoints_deduplicated == 3);
@@ -396,7 +396,7 @@ TEST_CASE("coordinator: a request torn down mid-prefill leaks no snapshot slot")
   const Prompt p(57, 3);
   (void)e.coord.admit(AdmitRequest{RequestId{1}, p.tokens, 0, p.keys, block_range(0, 13), p.checkpoints, SlotId{0}});
   for (auto& rank : e.ranks) rank->pools.write_state(SlotId{3}, p.hash_at(64));
-  REQUIRE(e.coord.checkpoint(RequestId{1}, Checkpoint{64, p.hash_at(64)}, SlotId{3}) == CheckpointResult::saved);
+  REQUIRE(e.coord.checkpoint(Checkpoint{64, p.hash_at(64)}, SlotId{3}) == CheckpointResult::saved);
   e.coord.teardown(RequestId{1});  // aborted between two checkpoints
   REQUIRE(e.step_until([&] { return e.snapshots_back == 1 && e.was_freed(RequestId{1}); }));
   REQUIRE(e.step_until([&] { return e.index.stats().saves_outstanding == 0; }));

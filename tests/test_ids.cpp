@@ -22,6 +22,15 @@ TEST_CASE("ids: generations are unique and nonzero and resume after a checkpoint
   CHECK(resumed.next() == Generation{42});
 }
 
+// Engines persist keys built with mix64 (tier keys on disk, on a Redis server): its values
+// are part of the API. These are splitmix64's, computed independently.
+TEST_CASE("ids: mix64 gives the splitmix64 finaliser's values on every build") {
+  static_assert(mix64(0) == 0xe220a8397b1dcdafULL);
+  CHECK(mix64(0) == 0xe220a8397b1dcdafULL);
+  CHECK(mix64(1) == 0x910a2dec89025cc1ULL);
+  CHECK(mix64(~std::uint64_t{0}) == 0xe4d971771b652c20ULL);
+}
+
 TEST_CASE("ids: load keys compare and hash by both fields") {
   const LoadKey a{RequestId{1}, Generation{2}};
   const LoadKey b{RequestId{1}, Generation{3}};

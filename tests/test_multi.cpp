@@ -110,10 +110,10 @@ TEST_CASE("R16 a released state load is abandoned (not missed) and unparks nothi
   OffloadIndex<> index(OffloadIndexOptions{.hash_capacity = 16, .slot_count = 4},
                        [&](SlotId s) { released_slots.push_back(s); });
   index.note_stored(PrefixHash{9});
-  LoadAdmission mine = index.request_load(RequestId{1}, std::nullopt, StateSpec{48, PrefixHash{9}, SlotId{0}, 16, 64});
-  LoadAdmission other = index.request_load(RequestId{2}, std::nullopt, StateSpec{48, PrefixHash{9}, SlotId{1}, 16, 64});
-  REQUIRE(mine.admitted());
-  REQUIRE(other.admitted());
+  LoadGrant mine = index.request_load(RequestId{1}, std::nullopt, StateSpec{48, PrefixHash{9}, SlotId{0}, 16, 64});
+  LoadGrant other = index.request_load(RequestId{2}, std::nullopt, StateSpec{48, PrefixHash{9}, SlotId{1}, 16, 64});
+  REQUIRE(mine.granted());
+  REQUIRE(other.granted());
   const LoadRequest other_request = other.ticket().dispatch();
 
   Mooncake pd;

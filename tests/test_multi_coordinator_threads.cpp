@@ -62,7 +62,7 @@ TEST_CASE("R16 a P/D winner releases the state leg: no ticket is taken and the r
   const std::uint64_t dispatched = c.e.index.stats().issued;
   const std::vector<BlockId> blocks = block_range(20, 13);
   const AdmitDecision d = c.e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{2}},
-                                          *c.multi, c.tier);
+                                          *c.multi);
   REQUIRE(d.parked);
   CHECK(d.sub == std::optional<std::size_t>(0));  // the P/D sub owns the KV load
   CHECK(d.state_waived);
@@ -85,7 +85,7 @@ TEST_CASE("R16 a P/D winner on a dense model resumes from the tokens it transfer
   c.prefill_on_producer(RequestId{2}, p);
   const std::vector<BlockId> blocks = block_range(20, 13);
   const AdmitDecision d =
-      c.e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 32, p.keys, blocks, p.checkpoints, std::nullopt}, *c.multi, c.tier);
+      c.e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 32, p.keys, blocks, p.checkpoints, std::nullopt}, *c.multi);
   REQUIRE(d.parked);
   CHECK(d.sub == std::optional<std::size_t>(0));
   CHECK_FALSE(d.state_waived);
@@ -102,7 +102,7 @@ TEST_CASE("R16 with nothing on the P/D side the tier wins and its joint load car
   save_prompt(c.e, RequestId{1}, p, 176);
   const std::vector<BlockId> blocks = block_range(20, 13);
   const AdmitDecision d =
-      c.e.coord.admit(AdmitRequest{RequestId{3}, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{2}}, *c.multi, c.tier);
+      c.e.coord.admit(AdmitRequest{RequestId{3}, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{2}}, *c.multi);
   REQUIRE(d.parked);
   CHECK(d.sub == std::optional<std::size_t>(1));
   CHECK(std::holds_alternative<JointLoad>(d.plan));
@@ -118,7 +118,7 @@ TEST_CASE("R16 no sub owns KV but the state is servable: a live state-only load 
   save_prompt(c.e, RequestId{1}, p, 176);
   // KV of [0, 192) is resident; nothing above it anywhere: only the state at 176 moves.
   const AdmitDecision d = c.e.coord.admit(
-      AdmitRequest{RequestId{4}, p.tokens, 192, p.keys, block_range(0, 13), p.checkpoints, SlotId{3}}, *c.multi, c.tier);
+      AdmitRequest{RequestId{4}, p.tokens, 192, p.keys, block_range(0, 13), p.checkpoints, SlotId{3}}, *c.multi);
   REQUIRE(d.parked);
   CHECK_FALSE(d.sub.has_value());
   REQUIRE(std::holds_alternative<StateOnlyLoad>(d.plan));
@@ -136,7 +136,7 @@ TEST_CASE("R16 a state-only plan with no slot is no_slot through a composition t
   CHECK_FALSE(plain.parked);
   CHECK(plain.reason == ComputeReason::no_slot);
   c.e.coord.teardown(RequestId{6});
-  const AdmitDecision composed = c.e.coord.admit(req, *c.multi, c.tier);
+  const AdmitDecision composed = c.e.coord.admit(req, *c.multi);
   CHECK_FALSE(composed.parked);
   CHECK(composed.reason == ComputeReason::no_slot);
   CHECK(std::holds_alternative<StateOnlyLoad>(composed.plan));
@@ -147,7 +147,7 @@ TEST_CASE("R16 a request torn down during its P/D transfer never unparks and is 
   const Prompt p(29, 3);
   c.prefill_on_producer(RequestId{5}, p);
   REQUIRE(c.e.coord.admit(AdmitRequest{RequestId{5}, p.tokens, 0, p.keys, block_range(20, 13), p.checkpoints, std::nullopt},
-                          *c.multi, c.tier).parked);
+                          *c.multi).parked);
   c.e.coord.teardown(RequestId{5});
   CHECK(c.e.coord.stats().holding_now == 1);
   REQUIRE(c.step_until([&] { return c.e.was_freed(RequestId{5}); }));

@@ -3,7 +3,7 @@
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
-#include <kvfuse/testing/index_consistency.hpp>
+#include <kvfuse/engine/index_consistency.hpp>
 #include <kvfuse/testing/alloc_counter.hpp>
 #include <kvfuse/engine/offload_index.hpp>
 
@@ -53,8 +53,8 @@ StateSpec leg(std::uint64_t hash, std::uint32_t slot, TokenCount boundary = 512)
 
 // Admits and dispatches a load; fails the test if refused.
 LoadKey start(Index& index, std::uint64_t request, std::optional<KvSpec> kv, std::optional<StateSpec> st) {
-  LoadAdmission a = index.request_load(RequestId{request}, std::move(kv), st);
-  REQUIRE_MESSAGE(a.admitted(), to_string(a.refusal()));
+  LoadGrant a = index.request_load(RequestId{request}, std::move(kv), st);
+  REQUIRE_MESSAGE(a.granted(), to_string(a.refusal()));
   return a.ticket().dispatch().key;
 }
 
@@ -62,7 +62,7 @@ void check_identity(const Index& index) {
   const IndexStats s = index.stats();
   CHECK(s.issued == s.completed + s.failed + s.abandoned + s.outstanding);
   CHECK(s.invariant_violations == 0);
-  const kvfuse::testing::ConsistencyReport rep = kvfuse::testing::check_consistency(index);
+  const kvfuse::ConsistencyReport rep = kvfuse::check_consistency(index);
   CHECK_MESSAGE(rep.ok, rep.problem);
 }
 
@@ -96,8 +96,8 @@ struct kvfuse::detail::OffloadIndexAccess<AuditTag> {
 TEST_CASE("R5 the lifecycle identity holds at every instant (a live unconsumed ticket included)") {
   Harness h;
   h.index.note_stored(PrefixHash{7});
-  LoadAdmission a = h.index.request_load(RequestId{1}, kv_spec(0, 512), leg(7, 1));
-  REQUIRE(a.admitted());
+  LoadGrant a = h.index.request_load(RequestId{1}, kv_spec(0, 512), leg(7, 1));
+  REQUIRE(a.granted());
   // The ticket is alive and unconsumed: it already counts.
   IndexStats s = h.index.stats();
   CHECK(s.issued == 1);
@@ -115,7 +115,7 @@ TEST_CASE("R5 the lifecycle identity holds at every instant (a live unconsumed t
   CHECK(h.index.fail(k2, false));
   const LoadKey k3 = start(h.index, 3, std::nullopt, leg(7, 2));
   CHECK(h.index.abandon(k3));
-  { LoadAdmission dropped = h.index.request_load(RequestId{4}, kv_spec(0, 256), std::nullopt); }
+  { LoadGrant dropped = h.index.request_load(RequestId{4}, kv_spec(0, 256), std::nullopt); }
   const LoadKey k5 = start(h.index, 5, std::nullopt, leg(7, 3));
   REQUIRE(h.index.orphan(k5));
   ManualClock::current += 1h;
@@ -139,16 +139,16 @@ TEST_CASE("R5 stats() audits the identities on every read and counts each failed
   Access::bump_issued(h.index);
   CHECK(h.index.stats().invariant_violations == 1);
   CHECK(h.index.stats().invariant_violations == 2);  // every read, no decimation
-  CHECK_FALSE(kvfuse::testing::check_consistency(h.index).ok);
+  CHECK_FALSE(kvfuse::check_consistency(h.index).ok);
   Access::unbump_issued(h.index);
   CHECK(h.index.stats().invariant_violations == 2);  // a clean read adds nothing
 
   h.index.note_stored(PrefixHash{1});
   Access::bump_indexed(h.index);  // the counter now disagrees with the LRU length
   CHECK(h.index.stats().invariant_violations == 3);
-  CHECK_FALSE(kvfuse::testing::check_consistency(h.index).ok);
+  CHECK_FALSE(kvfuse::check_consistency(h.index).ok);
   Access::unbump_indexed(h.index);
-  CHECK(kvfuse::testing::check_consistency(h.index).ok);
+  CHECK(kvfuse::check_consistency(h.index).ok);
 }
 
 TEST_CASE("R5 the indexed hashes are LRU-capped with evictions counted as one structure") {
@@ -182,8 +182,8 @@ TEST_CASE("R5 a hash is indexed only when a save settles stored on every rank an
   Harness h;
   auto ta = h.index.request_save(StateSave{SaveKey{PrefixHash{11}, {}}, SlotId{0}, 256});
   auto tb = h.index.request_save(StateSave{SaveKey{PrefixHash{12}, {}}, SlotId{1}, 256});
-  REQUIRE(ta.admitted());
-  REQUIRE(tb.admitted());
+  REQUIRE(ta.granted());
+  REQUIRE(tb.granted());
   const SaveKey a = ta.ticket().dispatch().key;
   const SaveKey b = tb.ticket().dispatch().key;
   CHECK(a.hash == PrefixHash{11});
@@ -233,9 +233,9 @@ TEST_CASE("R6 a save is ticketed like a load: its records count only once dispat
   Harness h;
   SaveKey dropped_key;
   {
-    auto admission = h.index.request_save(StateSave{SaveKey{PrefixHash{5}, {}}, SlotId{0}, 256});
-    REQUIRE(admission.admitted());
-    dropped_key = admission.ticket().key();
+    auto grant = h.index.request_save(StateSave{SaveKey{PrefixHash{5}, {}}, SlotId{0}, 256});
+    REQUIRE(grant.granted());
+    dropped_key = grant.ticket().key();
     CHECK(dropped_key.generation != Generation{});
     CHECK_FALSE(h.index.is_save_in_flight(dropped_key));  // no rank has it: its records would be late
     CHECK(h.index.stats().saves_outstanding == 1);
@@ -245,8 +245,8 @@ TEST_CASE("R6 a save is ticketed like a load: its records count only once dispat
   CHECK_FALSE(h.index.settle_save(SaveSettlement{dropped_key, SavePhase::stored, true}));
   CHECK_FALSE(h.index.could_serve(PrefixHash{5}));
 
-  auto admission = h.index.request_save(KvSave{SaveKey{PrefixHash{6}, {}}, {PrefixHash{6}}, {BlockId{3}}});
-  SaveTicket<KvSave> ticket = admission.take_ticket();
+  auto grant = h.index.request_save(KvSave{SaveKey{PrefixHash{6}, {}}, {PrefixHash{6}}, {BlockId{3}}});
+  SaveTicket<KvSave> ticket = grant.take_ticket();
   const KvSave save = ticket.dispatch();
   CHECK_FALSE(ticket.valid());
   CHECK(save.key == ticket.key());
@@ -266,7 +266,7 @@ TEST_CASE("R19 a save the index cannot record is refused and the caller learns i
   detail::AllocationScope::fail_next(1);  // the save table's first growth fails
   auto refused = h.index.request_save(StateSave{SaveKey{PrefixHash{5}, {}}, SlotId{0}, 256});
   detail::AllocationScope::fail_next(0);
-  CHECK_FALSE(refused.admitted());
+  CHECK_FALSE(refused.granted());
   CHECK(refused.refusal() == SaveRefusal::out_of_memory);
   CHECK_FALSE(refused.ticket().valid());
   IndexStats s = h.index.stats();
@@ -274,7 +274,7 @@ TEST_CASE("R19 a save the index cannot record is refused and the caller learns i
   CHECK(s.saves_issued == 0);
   CHECK(s.saves_outstanding == 0);
   auto admitted = h.index.request_save(StateSave{SaveKey{PrefixHash{5}, {}}, SlotId{0}, 256});
-  CHECK(admitted.admitted());
+  CHECK(admitted.granted());
   check_identity(h.index);
 }
 
@@ -282,7 +282,7 @@ TEST_CASE("R19 a save the index cannot record is refused and the caller learns i
 
 TEST_CASE("R6 a ticket is consumed by exactly one of dispatch or abandon") {
   Harness h;
-  LoadAdmission a = h.index.request_load(RequestId{1}, kv_spec(0, 256), std::nullopt);
+  LoadGrant a = h.index.request_load(RequestId{1}, kv_spec(0, 256), std::nullopt);
   LoadTicket t = a.take_ticket();
   CHECK_FALSE(a.ticket().valid());
   REQUIRE(t.valid());
@@ -300,7 +300,7 @@ TEST_CASE("R6 a ticket is consumed by exactly one of dispatch or abandon") {
   CHECK(s.in_flight == 1);
   CHECK(h.index.complete(key));
 
-  LoadAdmission b = h.index.request_load(RequestId{2}, kv_spec(0, 256), std::nullopt);
+  LoadGrant b = h.index.request_load(RequestId{2}, kv_spec(0, 256), std::nullopt);
   b.ticket().abandon();
   CHECK_FALSE(b.ticket().valid());
   const LoadRequest none = b.ticket().dispatch();  // consumed by the abandon
@@ -317,8 +317,8 @@ TEST_CASE("R6 a ticket destroyed unconsumed abandons itself and the scheduler dr
   h.index.note_stored(PrefixHash{9});
   LoadKey dropped_key;
   {
-    LoadAdmission a = h.index.request_load(RequestId{1}, kv_spec(0, 512), leg(9, 3));
-    REQUIRE(a.admitted());
+    LoadGrant a = h.index.request_load(RequestId{1}, kv_spec(0, 512), leg(9, 3));
+    REQUIRE(a.granted());
     dropped_key = a.ticket().key();
   }  // a path that forgot the load
   IndexStats s = h.index.stats();
@@ -331,7 +331,7 @@ TEST_CASE("R6 a ticket destroyed unconsumed abandons itself and the scheduler dr
   CHECK(h.index.could_serve(PrefixHash{9}));    // an abandon is not a miss
   CHECK_FALSE(h.index.is_in_flight(dropped_key));
   // The request and the slot are free for a new load.
-  CHECK(h.index.request_load(RequestId{1}, std::nullopt, leg(9, 3)).admitted());  // dropped again here
+  CHECK(h.index.request_load(RequestId{1}, std::nullopt, leg(9, 3)).granted());  // dropped again here
   CHECK(drain(h.index).size() == 1);
 
   // Move-assigning over a live ticket abandons the one it held.
@@ -361,8 +361,8 @@ TEST_CASE("R6 dispatch yields the whole LoadRequest and moves (never copies) the
   const KvSpec expected = kv;
   const PrefixHash* keys_data = kv.chunk_keys.data();
   const BlockId* blocks_data = kv.blocks.data();
-  LoadAdmission a = h.index.request_load(RequestId{8}, std::move(kv), leg(5, 2, 1008));
-  REQUIRE(a.admitted());
+  LoadGrant a = h.index.request_load(RequestId{8}, std::move(kv), leg(5, 2, 1008));
+  REQUIRE(a.granted());
   const LoadRequest req = a.ticket().dispatch();
   REQUIRE(req.kv.has_value());
   CHECK(*req.kv == expected);
@@ -391,7 +391,7 @@ TEST_CASE("R7 an abandon never retracts the hash - only a genuine miss does") {
   h.index.request_load(RequestId{2}, std::nullopt, leg(42, 2)).ticket().abandon();
   CHECK(h.index.could_serve(PrefixHash{42}));
 
-  { LoadAdmission dropped = h.index.request_load(RequestId{3}, std::nullopt, leg(42, 3)); }
+  { LoadGrant dropped = h.index.request_load(RequestId{3}, std::nullopt, leg(42, 3)); }
   CHECK(h.index.could_serve(PrefixHash{42}));
 
   const LoadKey orphaned = start(h.index, 4, std::nullopt, leg(42, 4));
@@ -501,7 +501,7 @@ TEST_CASE("R8 a load that never hears back stays in flight and visible: report_o
   REQUIRE(h.index.orphan(orphan));
   ManualClock::current += 10s;
   const LoadKey young = start(h.index, 3, kv_spec(0, 256), std::nullopt);
-  LoadAdmission undispatched = h.index.request_load(RequestId{4}, kv_spec(0, 256), std::nullopt);
+  LoadGrant undispatched = h.index.request_load(RequestId{4}, kv_spec(0, 256), std::nullopt);
   ManualClock::current += 5s;
 
   std::vector<OverdueLoad> seen;
@@ -536,7 +536,7 @@ TEST_CASE("R3 generations survive a restart: last_issued() is what the next inca
     Index first(o, [](SlotId) {});
     before_restart = start(first, 1, kv_spec(0, 256), std::nullopt);
     auto save = first.request_save(KvSave{SaveKey{PrefixHash{9}, {}}, {PrefixHash{9}}, {BlockId{0}}});
-    REQUIRE(save.admitted());
+    REQUIRE(save.granted());
     CHECK(first.last_issued() == save.ticket().key().generation);
     persisted = first.last_issued();
   }
@@ -552,7 +552,7 @@ TEST_CASE("R3 generations survive a restart: last_issued() is what the next inca
 TEST_CASE("R8 orphan() of a load that is not in flight leaves the slot with the caller") {
   Harness h;
   h.index.note_stored(PrefixHash{1});
-  LoadAdmission a = h.index.request_load(RequestId{1}, std::nullopt, leg(1, 2));
+  LoadGrant a = h.index.request_load(RequestId{1}, std::nullopt, leg(1, 2));
   CHECK_FALSE(h.index.orphan(a.ticket().key()));  // never dispatched: nothing writes the slot
   const LoadKey k = a.ticket().dispatch().key;
   CHECK(h.index.complete(k));
@@ -600,7 +600,7 @@ TEST_CASE("R8 reclaim takes only orphans old enough and oldest first even if the
   REQUIRE(h.index.orphan(c));
   ManualClock::current = t0 + 50s;
   REQUIRE(h.index.orphan(b));
-  CHECK(kvfuse::testing::check_consistency(h.index).ok);
+  CHECK(kvfuse::check_consistency(h.index).ok);
   CHECK(h.index.reclaim(t0 + 40s, 20s) == 1);  // only c (age 30s); a is 10s old
   CHECK(h.released == std::vector<SlotId>{SlotId{3}});
   CHECK(h.index.reclaim(t0 + 60s, 20s) == 1);  // a (30s); b is 10s old
@@ -629,8 +629,8 @@ TEST_CASE("R8 a re-admitted request gets a new generation and its own slot - the
   REQUIRE(h.index.orphan(first));  // preempted while loading
   // The orphan's slot stays held until the old load settles.
   CHECK(h.index.request_load(RequestId{8}, std::nullopt, leg(1, 1)).refusal() == LoadRefusal::slot_in_use);
-  LoadAdmission again = h.index.request_load(RequestId{7}, kv_spec(0, 512), leg(1, 2));
-  REQUIRE(again.admitted());
+  LoadGrant again = h.index.request_load(RequestId{7}, kv_spec(0, 512), leg(1, 2));
+  REQUIRE(again.granted());
   const LoadKey second = again.ticket().dispatch().key;
   CHECK(second.request == first.request);
   CHECK(second.generation != first.generation);
@@ -669,7 +669,7 @@ TEST_CASE("R3 reports for unknown / settled / reclaimed / undispatched keys are 
   REQUIRE(h.index.orphan(reclaimed));
   ManualClock::current += 1h;
   REQUIRE(h.index.reclaim(ManualClock::now(), 1s) == 1);
-  LoadAdmission waiting = h.index.request_load(RequestId{4}, std::nullopt, leg(1, 4));
+  LoadGrant waiting = h.index.request_load(RequestId{4}, std::nullopt, leg(1, 4));
   const LoadKey undispatched = waiting.ticket().key();
   const std::size_t released_before = h.released.size();
   drain(h.index);
@@ -707,7 +707,7 @@ TEST_CASE("R3 reports for unknown / settled / reclaimed / undispatched keys are 
   check_identity(h.index);
 }
 
-TEST_CASE("R3 the index issues one fresh generation per admission continuing after last_issued") {
+TEST_CASE("R3 the index issues one fresh generation per load ticket continuing after last_issued") {
   OffloadIndexOptions o = small_options();
   o.last_issued = Generation{41};
   std::vector<SlotId> released;
@@ -738,7 +738,7 @@ TEST_CASE("R17 stats() and hash_of and a failing batch visit no entry at any siz
     return h.index.walk_steps() - before;
   };
   CHECK(visits_of([&] { (void)h.index.stats(); }) == 0);
-  const std::uint64_t small_walk = kvfuse::testing::check_consistency(h.index).visited;
+  const std::uint64_t small_walk = kvfuse::check_consistency(h.index).visited;
   CHECK(small_walk >= 2);
 
   constexpr std::uint64_t n = 100'000;
@@ -760,7 +760,7 @@ TEST_CASE("R17 stats() and hash_of and a failing batch visit no entry at any siz
         }) == 0);
   CHECK(visits_of([&] { CHECK(h.index.fail_all(std::span<const LoadKey>(keys.data(), 2048), false) == 2048); }) == 0);
   // The counter is real: the full walk visits every hash and every load entry.
-  const kvfuse::testing::ConsistencyReport big = kvfuse::testing::check_consistency(h.index);
+  const kvfuse::ConsistencyReport big = kvfuse::check_consistency(h.index);
   CHECK(big.ok);
   CHECK(big.visited >= 2 * n);
   CHECK(h.index.stats().invariant_violations == 0);
@@ -798,8 +798,8 @@ TEST_CASE("R19 bad input to the index is refused and leaves every counter and sl
     const IndexStats before = h.index.stats();
     const std::vector<std::uint64_t> order_before = lru_order(h.index);
     const std::optional<KvSpec> kv = c.with_kv ? std::optional<KvSpec>(kv_spec(0, 512)) : std::nullopt;
-    LoadAdmission a = h.index.request_load(RequestId{c.request}, kv, c.state);
-    CHECK_FALSE(a.admitted());
+    LoadGrant a = h.index.request_load(RequestId{c.request}, kv, c.state);
+    CHECK_FALSE(a.granted());
     CHECK(a.refusal() == c.expected);
     CHECK_FALSE(a.ticket().valid());
     IndexStats after = h.index.stats();
@@ -826,7 +826,7 @@ TEST_CASE("R19 bad input to the index is refused and leaves every counter and sl
   Index dense_index(dense, [](SlotId) {});
   dense_index.note_stored(PrefixHash{1});
   CHECK(dense_index.request_load(RequestId{1}, kv_spec(0, 256), leg(1, 1)).refusal() == LoadRefusal::no_state_tier);
-  CHECK(dense_index.request_load(RequestId{1}, kv_spec(0, 256), std::nullopt).admitted());
+  CHECK(dense_index.request_load(RequestId{1}, kv_spec(0, 256), std::nullopt).granted());
   CHECK(producer.stats().issued == 0);
   CHECK(producer.stats().refused == 2);
 }
@@ -917,7 +917,7 @@ TEST_CASE("index: preallocated hashes - drain by visitor - queries on resolved k
   CHECK(index.drain_resolutions([&](const LoadResolution& r) noexcept { seen += r.key == k ? 1 : 0; }) == 1);
   CHECK(seen == 1);
   CHECK(index.pending_resolutions() == 0);
-  CHECK(kvfuse::testing::check_consistency(index).ok);
+  CHECK(kvfuse::check_consistency(index).ok);
 }
 
 TEST_CASE("index: with spared_tokens eviction a cold checkpoint sparing a long prefill outlives a cold short one") {
@@ -931,7 +931,7 @@ TEST_CASE("index: with spared_tokens eviction a cold checkpoint sparing a long p
     Index index(o);
     auto store = [&](std::uint64_t hash, TokenCount boundary) {
       auto a = index.request_save(StateSave{SaveKey{PrefixHash{hash}, {}}, SlotId{0}, boundary});
-      REQUIRE(a.admitted());
+      REQUIRE(a.granted());
       const StateSave dispatched = a.ticket().dispatch();
       REQUIRE(index.settle_save(SaveSettlement{dispatched.key, SavePhase::released, true}));
       REQUIRE(index.settle_save(SaveSettlement{dispatched.key, SavePhase::stored, true}));
@@ -950,6 +950,6 @@ TEST_CASE("index: with spared_tokens eviction a cold checkpoint sparing a long p
       CHECK_FALSE(index.could_serve(PrefixHash{2}));
     }
     CHECK(index.stats().invariant_violations == 0);
-    CHECK(kvfuse::testing::check_consistency(index).ok);
+    CHECK(kvfuse::check_consistency(index).ok);
   }
 }

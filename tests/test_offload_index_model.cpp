@@ -6,7 +6,7 @@
 #include "test_support.hpp"
 #include <doctest/doctest.h>
 
-#include <kvfuse/testing/index_consistency.hpp>
+#include <kvfuse/engine/index_consistency.hpp>
 #include <kvfuse/engine/offload_index.hpp>
 
 #include <algorithm>
@@ -259,9 +259,9 @@ struct Run {
     std::optional<KvSpec> kv;
     if (has_kv) kv = KvSpec{0, 256, {PrefixHash{request}}, {BlockId{1}}};
     const LoadRefusal expected = model.admission(request, has_kv, st);
-    LoadAdmission a = index.request_load(RequestId{request}, std::move(kv), st);
+    LoadGrant a = index.request_load(RequestId{request}, std::move(kv), st);
     REQUIRE(a.refusal() == expected);
-    if (!a.admitted()) {
+    if (!a.granted()) {
       ++model.s.refused;
       return;
     }
@@ -400,7 +400,7 @@ struct Run {
     if (model.stores.empty() || chance(0.5)) {
       const PrefixHash h{pick(kHashes)};
       auto a = index.request_save(StateSave{SaveKey{h, {}}, SlotId{0}, 0});
-      REQUIRE(a.admitted());
+      REQUIRE(a.granted());
       REQUIRE(a.ticket().key() == SaveKey{h, Generation{model.next_generation++}});  // one source for loads and saves
       ++model.s.saves_issued;
       if (chance(0.1)) {
@@ -482,7 +482,7 @@ struct Run {
     REQUIRE(got.invariant_violations == 0);
     REQUIRE(got == model.s);
     if (step % 32 == 0) {
-      const kvfuse::testing::ConsistencyReport rep = kvfuse::testing::check_consistency(index);
+      const kvfuse::ConsistencyReport rep = kvfuse::check_consistency(index);
       REQUIRE_MESSAGE(rep.ok, rep.problem);
       std::vector<std::uint64_t> order;
       index.for_each_indexed([&](PrefixHash h) { order.push_back(h.value); });
@@ -533,7 +533,7 @@ TEST_CASE("model: 10^5 random operations agree with the reference model at every
   CHECK(s.orphaned == 0);
   CHECK(s.invariant_violations == 0);
   CHECK(s.issued == s.completed + s.failed + s.abandoned);
-  CHECK(kvfuse::testing::check_consistency(run.index).ok);
+  CHECK(kvfuse::check_consistency(run.index).ok);
   // The run exercised every path it claims to.
   CHECK(s.completed > 1000);
   CHECK(s.failed > 1000);

@@ -2,7 +2,7 @@
 // TpQuorum, the OffloadIndex and the SettlementPump. Every byte a load writes into blocks
 // and slots is checked against what the forward wrote before the save.
 #include "connector_harness.hpp"
-#include <kvfuse/testing/index_consistency.hpp>
+#include <kvfuse/engine/index_consistency.hpp>
 
 #include <filesystem>
 #include <random>
@@ -116,9 +116,9 @@ void run_preset(const std::filesystem::path& dir = {}) {
   KvSpec kv{0, prompt, keys, load_blocks};
   std::optional<StateSpec> state;
   if constexpr (Conn::has_state) state = StateSpec{boundary, state_hash, SlotId{2}, geo.block_tokens, geo.chunk_tokens};
-  LoadAdmission admission = engine.index.request_load(RequestId{1}, kv, state);
-  REQUIRE(admission.admitted());
-  const LoadRequest request = admission.ticket().dispatch();
+  LoadGrant grant = engine.index.request_load(RequestId{1}, kv, state);
+  REQUIRE(grant.granted());
+  const LoadRequest request = grant.ticket().dispatch();
   for (auto& rank : ranks) rank->conn.load(request);  // the transport copies the request to every rank
   REQUIRE(engine.settle(1, 0));
   CHECK(engine.loads.back().key == request.key);
@@ -135,8 +135,8 @@ void run_preset(const std::filesystem::path& dir = {}) {
 
   // A load of a prompt no rank holds fails everywhere and settles once, failed.
   const auto missing = chunk_keys(8, 1);
-  LoadAdmission miss = engine.index.request_load(RequestId{2}, KvSpec{0, geo.chunk_tokens, missing, block_range(40, 4)}, std::nullopt);
-  REQUIRE(miss.admitted());
+  LoadGrant miss = engine.index.request_load(RequestId{2}, KvSpec{0, geo.chunk_tokens, missing, block_range(40, 4)}, std::nullopt);
+  REQUIRE(miss.granted());
   const LoadRequest miss_request = miss.ticket().dispatch();
   for (auto& rank : ranks) rank->conn.load(miss_request);
   REQUIRE(engine.settle(1, 0));
@@ -150,7 +150,7 @@ void run_preset(const std::filesystem::path& dir = {}) {
   CHECK(stats.completed == 1);
   CHECK(stats.failed == 1);
   CHECK(engine.released_slots.empty());  // no slot is held by the index, none released twice
-  CHECK(kvfuse::testing::check_consistency(engine.index).ok);
+  CHECK(kvfuse::check_consistency(engine.index).ok);
   CHECK(engine.pump.stats().group.pending == 0);
 }
 
@@ -315,9 +315,9 @@ TEST_CASE("R18 after a restart the index is re-seeded from the tiers and KV and 
   CHECK_FALSE(engine.index.could_serve(partial_hash));  // not every rank holds it
 
   const auto load_blocks = block_range(40, prompt / geo.block_tokens);
-  LoadAdmission a = engine.index.request_load(RequestId{5}, KvSpec{0, prompt, keys, load_blocks},
+  LoadGrant a = engine.index.request_load(RequestId{5}, KvSpec{0, prompt, keys, load_blocks},
                                               StateSpec{boundary, state_hash, SlotId{3}, geo.block_tokens, geo.chunk_tokens});
-  REQUIRE(a.admitted());
+  REQUIRE(a.granted());
   const LoadRequest request = a.ticket().dispatch();
   for (auto& rank : ranks) rank->conn.load(request);
   REQUIRE(engine.settle(1, 0));

@@ -455,7 +455,7 @@ TEST_CASE("R4 a rank that died mid-save releases its source, and the save is sto
     return std::find(out.stores.begin(), out.stores.end(), s) - out.stores.begin();
   };
   const auto n = static_cast<std::ptrdiff_t>(out.stores.size());
-  CHECK(position(released_phase(sk(1, 1))) < position(stored_phase(sk(1, 1))));  // every live rank stored: indexed (DESIGN §9)
+  CHECK(position(released_phase(sk(1, 1))) < position(stored_phase(sk(1, 1))));  // every live rank stored: indexed (docs/reference.md#save-quorum)
   CHECK(position(stored_phase(sk(1, 1))) < n);
   CHECK(position(stored_phase(sk(3, 1), false)) < n);  // a live rank's failure still fails it
   CHECK(position(released_phase(sk(2, 1))) == n);      // key 2 still waits for rank 1's released report
@@ -645,9 +645,9 @@ TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint lo
   LaneEmitter store1 = group.emitter(1, 1);
 
   // A save of hash 42 lands on both ranks: only then is it indexed.
-  auto save_admission = index.request_save(StateSave{SaveKey{PrefixHash{42}, {}}, SlotId{0}, 256});
-  REQUIRE(save_admission.admitted());
-  const SaveKey save = save_admission.ticket().dispatch().key;
+  auto save_grant = index.request_save(StateSave{SaveKey{PrefixHash{42}, {}}, SlotId{0}, 256});
+  REQUIRE(save_grant.granted());
+  const SaveKey save = save_grant.ticket().dispatch().key;
   { SaveGuard g(save, 0, store0); g.release_source(); g.stored_ok(); }
   CHECK(pump.step().saves.empty());  // rank 0 alone settles nothing
   CHECK_FALSE(index.could_serve(PrefixHash{42}));
@@ -664,9 +664,9 @@ TEST_CASE("R2 guards on two ranks with the quorum and the pump settle a joint lo
 
   // A joint load of it: rank 0 restores, rank 1's tier genuinely misses.
   KvSpec kv{0, 256, {PrefixHash{1}}, {BlockId{0}}};
-  LoadAdmission admission = index.request_load(RequestId{5}, kv, StateSpec{256, PrefixHash{42}, SlotId{1}, 16, 256});
-  REQUIRE(admission.admitted());
-  const LoadRequest req = admission.ticket().dispatch();
+  LoadGrant grant = index.request_load(RequestId{5}, kv, StateSpec{256, PrefixHash{42}, SlotId{1}, 16, 256});
+  REQUIRE(grant.granted());
+  const LoadRequest req = grant.ticket().dispatch();
   CHECK(index.is_in_flight(req.key));
   {
     CompletionGuard g(req, 0, load0);
@@ -711,8 +711,8 @@ TEST_CASE("R3 a key the index resolved without its ranks leaves the quorum and i
   const KvSpec kv{0, 256, {PrefixHash{1}}, {BlockId{0}}};
 
   SUBCASE("an orphan reclaimed after four of eight ranks reported") {
-    auto admission = index.request_load(RequestId{1}, kv, std::nullopt);
-    const LoadKey key = admission.ticket().dispatch().key;
+    auto grant = index.request_load(RequestId{1}, kv, std::nullopt);
+    const LoadKey key = grant.ticket().dispatch().key;
     for (std::uint32_t r = 0; r < 4; ++r) report(key, r);
     CHECK(pump.step().resolutions.empty());
     CHECK(group.stats().pending == 1);

@@ -30,7 +30,7 @@ constexpr std::uint64_t stores = keys / 4;
 constexpr std::uint64_t ghosts = 50;  // per rank: records for loads that were never dispatched
 
 std::uint64_t mix(std::uint64_t seed, std::uint64_t a, std::uint64_t b) {
-  return detail::mix64(seed ^ detail::mix64(a * 0x9E3779B97F4A7C15ULL + b));
+  return mix64(seed ^ mix64(a * 0x9E3779B97F4A7C15ULL + b));
 }
 
 // The outcome rank r reports for load key k: a deterministic function of (seed, k, r), so

@@ -5,7 +5,7 @@
 #include "connector_harness.hpp"
 #include "redis_test_support.hpp"
 
-#include <kvfuse/testing/index_consistency.hpp>
+#include <kvfuse/engine/index_consistency.hpp>
 #include <kvfuse/tier/redis_tier.hpp>
 
 #include <atomic>
@@ -95,10 +95,10 @@ LoadRequest load_prompt(Engine& engine, Ranks<Conn>& ranks, const Prompt& p, Req
   std::optional<StateSpec> state;
   if constexpr (Conn::has_state)
     state = StateSpec{p.boundary, p.state_hash, SlotId{2}, p.geo.block_tokens, p.geo.chunk_tokens};
-  LoadAdmission admission =
+  LoadGrant grant =
       engine.index.request_load(id, KvSpec{0, p.tokens, p.keys, block_range(first_block, p.tokens / p.geo.block_tokens)}, state);
-  REQUIRE(admission.admitted());
-  const LoadRequest request = admission.ticket().dispatch();
+  REQUIRE(grant.granted());
+  const LoadRequest request = grant.ticket().dispatch();
   for (auto& rank : ranks.ranks) rank->conn.load(request);
   return request;
 }
@@ -139,9 +139,9 @@ void run_preset(bool one_tier) {
   check_every_byte(ranks, p, 32);
 
   const Prompt absent(8, 2);
-  LoadAdmission miss =
+  LoadGrant miss =
       engine.index.request_load(RequestId{2}, KvSpec{0, absent.tokens, absent.keys, block_range(40, 8)}, std::nullopt);
-  REQUIRE(miss.admitted());
+  REQUIRE(miss.granted());
   const LoadRequest miss_request = miss.ticket().dispatch();
   for (auto& rank : ranks.ranks) rank->conn.load(miss_request);
   REQUIRE(engine.settle(1, 0));

@@ -85,6 +85,47 @@ TEST_CASE("redis tier: every bad option is an Error naming its value") {
   CHECK(with([](RedisTierOptions& o) { o.max_idle_connections = 0; }).find("max_idle_connections (0)") != std::string::npos);
 }
 
+TEST_CASE("redis tier: set_address reads unix:PATH and HOST:PORT and refuses anything else by name") {
+  const RedisTierOptions defaults;
+  RedisTierOptions on_socket;
+  on_socket.set_address("unix:/run/redis/redis.sock");
+  CHECK(on_socket.unix_socket == "/run/redis/redis.sock");
+  CHECK(on_socket.host == defaults.host);
+  CHECK(on_socket.key_prefix == defaults.key_prefix);
+  RedisTierOptions on_tcp = on_socket;
+  on_tcp.set_address("cache.internal:6380");  // back to TCP: the socket is cleared
+  CHECK(on_tcp.unix_socket.empty());
+  CHECK(on_tcp.host == "cache.internal");
+  CHECK(on_tcp.port == 6380);
+  // Split at the last colon: an IPv6 host keeps its own.
+  CHECK(parse_redis_address("::1:1") == RedisAddress{"::1", 1, ""});
+  CHECK(parse_redis_address("h:65535").port == 65535);
+  for (const char* bad : {"", "unix:", "localhost", "localhost:", ":6379", "localhost:0", "localhost:65536",
+                          "localhost:6379x", "localhost:-1", "localhost: 6379", "localhost:+80"}) {
+    CAPTURE(bad);
+    try {
+      RedisTierOptions o;
+      o.set_address(bad);
+      FAIL("accepted");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      CHECK(std::string(e.what()).find("'" + std::string(bad) + "'") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("redis tier: the address a tier reports parses back to options that reach the same server") {
+  RedisServer server;
+  RedisTier tier(server.options());
+  RedisTierOptions again;
+  again.set_address(tier.address());
+  CHECK(again.unix_socket == server.socket());
+  again.key_prefix = tier.options().key_prefix;
+  RedisTier second(again);
+  REQUIRE(tier.put(key_of(5, 1), pattern(3, 256)));
+  CHECK(second.get(key_of(5, 1), {}).status() == GetStatus::hit);
+}
+
 TEST_CASE("redis tier: a server that cannot be reached is an Error with its address") {
   RedisTierOptions o;
   o.unix_socket = "/nonexistent/kvfuse-redis.sock";

@@ -32,7 +32,7 @@ namespace {
 std::size_t size_for(std::uint64_t version) { return 256 + (version % 5) * 128; }
 
 std::byte byte_at(std::uint64_t hash, std::uint64_t version, std::size_t i) {
-  const std::uint64_t x = detail::mix64(hash * 1000003 + version) + i * 0x9e3779b97f4a7c15ULL;
+  const std::uint64_t x = mix64(hash * 1000003 + version) + i * 0x9e3779b97f4a7c15ULL;
   return static_cast<std::byte>(x >> 56 ^ x);
 }
 
@@ -63,10 +63,10 @@ void hammer(Front& front, Back& back, int ops_per_thread) {
   std::vector<std::thread> pool;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      std::uint64_t rng = detail::mix64(static_cast<std::uint64_t>(t) + 17);
+      std::uint64_t rng = mix64(static_cast<std::uint64_t>(t) + 17);
       std::vector<std::byte> staging(4096), payload;
       for (int i = 0; i < ops_per_thread; ++i) {
-        rng = detail::mix64(rng);
+        rng = mix64(rng);
         const std::uint64_t hash = rng % keys;
         const unsigned op = static_cast<unsigned>(rng >> 32) % 10;
         if (op < 6) {

@@ -41,7 +41,7 @@ TierKey key_of(std::uint64_t hash) {
 std::size_t size_for(std::uint64_t version, std::size_t base) { return base + (version % 7) * 96; }
 
 std::uint8_t byte_at(std::uint64_t hash, std::uint64_t version, std::size_t i) {
-  const std::uint64_t x = detail::mix64(hash * 1000003 + version) + i * 0x9e3779b97f4a7c15ULL;
+  const std::uint64_t x = mix64(hash * 1000003 + version) + i * 0x9e3779b97f4a7c15ULL;
   return static_cast<std::uint8_t>(x >> 56 ^ x);
 }
 
@@ -65,7 +65,7 @@ bool valid(std::span<const std::byte> bytes, std::uint64_t hash, std::size_t bas
 
 struct Rng {
   std::uint64_t s;
-  std::uint64_t next() { return s = detail::mix64(s); }
+  std::uint64_t next() { return s = mix64(s); }
 };
 
 struct CountingSource {

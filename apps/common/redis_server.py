@@ -1,7 +1,7 @@
 """A redis-server of the test's own, on a unix socket in a temporary directory.
 
 Used by the applications' checks (apps/replay/check_replay.py,
-integrations/llama/app/check_llama.py): `with redis_server() as sock:` gives the socket's
+apps/llama/check_llama.py): `with redis_server() as sock:` gives the socket's
 path once the server listens, and stops the server and removes its directory however the
 block ends. A missing server or one that does not start is a RuntimeError naming what to
 install or what happened, never a skipped test.

@@ -400,6 +400,8 @@ def usage(replay, path):
             (["--hash-eviction", "fifo"], "fifo"),
             (["--snapshot-slots", "4097"], "--snapshot-slots"),
             (["--snapshot-slots", "-1"], "--snapshot-slots"),
+            (["--tier", "redis", "--redis", "localhost"], "--redis: kvfuse: invalid_argument: redis address 'localhost' has no port"),
+            (["--tier", "redis", "--redis", "localhost:65536"], "'localhost:65536' has a port outside"),
         ]
         for args, needle in cases:
             proc = subprocess.run([replay, *args, "--json", json_out], capture_output=True, text=True, timeout=60)

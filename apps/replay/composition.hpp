@@ -1,4 +1,4 @@
-// kvfuse-replay: the admission path of Admission::loopback_pd. A producer engine in the same
+// kvfuse-replay: the admission path of Composition::loopback_pd. A producer engine in the same
 // process (its own block pool per rank) prefilled a quarter of the requests and published
 // them to a LoopbackPd; the engine admits through Multi<LoopbackPd, OffloadSub>, so the P/D
 // sub wins those requests' KV (R16) and copies it rank by rank into the request's blocks (at
@@ -46,7 +46,6 @@ class LoopbackComposition {
   }
 
   Arbiter& arbiter() noexcept { return multi_; }
-  kvfuse::OffloadSub& offload() noexcept { return offload_; }
   kvfuse::LoopbackPd::Stats stats() const noexcept { return pd_.stats(); }
 
  private:

@@ -15,7 +15,7 @@
 
 namespace replay {
 
-using kvfuse::detail::mix64;
+using kvfuse::mix64;
 
 /// The device geometry every model of the replay shares: 64-token blocks, one 8-byte word
 /// per token per rank, 4 KiB state slots.

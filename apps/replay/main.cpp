@@ -6,17 +6,18 @@
 // are zero, 1 when one is not, 2 for bad arguments or input.
 //
 // This file is the command line. The models, the tiers and the faults are tables
-// (models.cpp, tiers.hpp, faults.cpp); one pass is engine.cpp; the report is report.hpp.
-#include "engine.hpp"
+// (models.cpp, tiers.hpp, faults.cpp); one pass is pass.cpp; the report is report.hpp.
+#include "pass.hpp"
 #include "faults.hpp"
 #include "models.hpp"
-#include "rank_process.hpp"
+#include "rank_process_main.hpp"
 #include "report.hpp"
 #include "tiers.hpp"
 #include "workload.hpp"
 
 #include <CLI/CLI.hpp>
 #include <common/app_support.hpp>
+#include <common/command_line.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -106,10 +107,9 @@ std::string parse_size(const std::string& text, std::uint64_t& bytes) {
   return {};
 }
 
-int usage_error(const CLI::App& app, const std::string& message) {
-  std::fprintf(stderr, "kvfuse-replay: %s\n\n%s", message.c_str(), app.help().c_str());
-  return 2;
-}
+constexpr std::string_view program = "kvfuse-replay";
+
+int usage_error(const CLI::App& app, const std::string& message) { return kvfuse_apps::usage_error(app, program, message); }
 
 }  // namespace
 
@@ -126,7 +126,7 @@ const CLI::Validator positive(
     "> 0", "positive");
 
 int main(int argc, char** argv) {
-  // The hidden mode: this binary started by itself as one rank process (rank_process.hpp).
+  // The hidden mode: this binary started by itself as one rank process (rank_process_main.hpp).
   if (argc == 3 && std::string_view(argv[1]) == "--rank-process") return rank_process_main(std::atoi(argv[2]));
   CLI::App app{"kvfuse-replay: replays a workload through kvfuse's offload tier, with faults, and checks every byte"};
   std::vector<std::string> selectable, tier_names;
@@ -197,14 +197,7 @@ int main(int argc, char** argv) {
   app.add_flag("--sync-saves", sync_saves, "every request's saves land before the next request arrives");
   app.add_option("--json", json_out, "write the report as JSON to FILE");
   app.add_option("--metrics-out", metrics_out, "write every stats counter in the Prometheus text format to FILE");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    return usage_error(app, e.what());
-  }
+  if (const std::optional<int> status = kvfuse_apps::parse_or_usage(app, program, argc, argv)) return *status;
 
   RunOptions o;
   o.world = ranks;
@@ -219,28 +212,17 @@ int main(int argc, char** argv) {
   if (tier != "redis" && !redis_address.empty()) return usage_error(app, "--redis: only with --tier redis");
   if (tier == "redis") {
 #if KVFUSE_REPLAY_WITH_REDIS
-    kvfuse::RedisTierOptions r;
-    if (redis_address.starts_with("unix:")) {
-      r.unix_socket = redis_address.substr(5);
-    } else {
-      const auto colon = redis_address.rfind(':');
-      try {
-        if (colon == std::string::npos) throw std::invalid_argument("no port");
-        r.host = redis_address.substr(0, colon);
-        r.port = std::stoi(redis_address.substr(colon + 1));
-      } catch (const std::exception&) {
-        return usage_error(app, "--redis: \"" + redis_address + "\" is neither unix:PATH nor HOST:PORT");
-      }
-    }
-    // Every run gets keys of its own: two runs (or two passes) never read each other's entries.
-    r.key_prefix = "kvfuse-replay:" + std::to_string(::getpid()) + ":";
-    r.ttl = std::chrono::minutes(30);
     try {
+      kvfuse::RedisTierOptions r;
+      r.set_address(redis_address);
+      // Every run gets keys of its own: two runs (or two passes) never read each other's entries.
+      r.key_prefix = "kvfuse-replay:" + std::to_string(::getpid()) + ":";
+      r.ttl = std::chrono::minutes(30);
       kvfuse::RedisTier probe(r);  // a bad address is a usage error, before anything runs
+      o.tier_options.redis = r;
     } catch (const kvfuse::Error& e) {
       return usage_error(app, std::string("--redis: ") + e.what());
     }
-    o.tier_options.redis = r;
 #else
     return usage_error(app, "--tier redis: this kvfuse-replay was built without hiredis (apt-get install libhiredis-dev)");
 #endif

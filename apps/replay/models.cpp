@@ -4,9 +4,10 @@
 // way ranks run (threads: a TpQuorum; processes: a ShmQuorum in each rank process).
 #include "models.hpp"
 
-#include "rank_process_child.hpp"
+#include "rank_server.hpp"
 
 #include <kvfuse/compose/presets.hpp>
+#include <kvfuse/ipc/shm_engine.hpp>
 
 namespace replay {
 
@@ -59,7 +60,7 @@ const std::vector<Model>& model_table() {
       with_connector<K3>({.name = "multi",
                           .what = "KimiK3Connector admitted through [P/D loopback, offload]",
                           .id = 0x3,
-                          .admission = Admission::loopback_pd}),
+                          .composition = Composition::loopback_pd}),
       with_connector<K3Serial>({.name = "k3-serial",
                                 .what = "KimiK3SerialConnector: k3 with the state leg after KV",
                                 .id = 0x3,

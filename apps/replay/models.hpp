@@ -19,8 +19,8 @@ namespace replay {
 struct ChildSetup;
 class ControlChannel;
 
-/// How the engine admits a model's requests.
-enum class Admission {
+/// What the engine admits a model's requests through.
+enum class Composition {
   plain,        ///< Coordinator::admit: the offload tier alone
   loopback_pd,  ///< through Multi<LoopbackPd, OffloadSub>: an in-process producer prefilled a quarter of the requests (R16)
 };
@@ -30,7 +30,7 @@ struct Model {
   std::string_view name{};      ///< --model, and the report's column
   std::string_view what{};      ///< --help
   std::uint64_t id = 0;         ///< the tier keys' model id: entries of one id read each other's entries
-  Admission admission = Admission::plain;
+  Composition composition = Composition::plain;
   std::string_view comparison{};  ///< the entry replayed beside this one on the same workload ("": none)
   bool selectable = true;       ///< false: only ever run as another entry's comparison
   // From the connector (with_connector): what the engine plans by and builds.
@@ -38,7 +38,7 @@ struct Model {
   bool stateful = false;                                  ///< Conn::has_state: the ranks need state slots
   std::size_t lanes = 0;                                  ///< Conn::lane_count: the quorum's lanes per rank
   std::unique_ptr<Ranks> (*make_ranks)(const RankSetup& setup) = nullptr;  ///< the ranks as threads, on the setup's tier
-  /// A rank process's life (rank_process_child.hpp): the same connector over a ShmQuorum,
+  /// A rank process's life (serve_rank, rank_server.hpp): the same connector over a ShmQuorum,
   /// on the setup's tier. Returns its exit status.
   int (*serve_rank)(const ChildSetup& setup, ControlChannel& channel) = nullptr;
 };

@@ -1,7 +1,7 @@
 // kvfuse-replay: what the simulated model does to one rank's device memory. The engine
 // describes the work as plain data (BlockSpan lists, a slot and a digest); RankMemory does
 // it on the memory it is given. Ranks as threads run it in the engine's process, ranks as
-// processes in each rank's own (rank_process.cpp), so both modes compute the same bytes.
+// processes in each rank's own (rank_server.cpp), so both modes compute the same bytes.
 #pragma once
 
 #include "content.hpp"

@@ -1,10 +1,10 @@
-// kvfuse-replay: ranks as processes (rank_process.hpp): the control channel, the engine's
-// RankProcesses, and the rank process's RankServer and entry point.
+// kvfuse-replay: ranks as processes, the engine's side (rank_process.hpp): RankProcesses
+// starts the rank processes, calls them over their control channels, sends their frames
+// through the segment and watches them die and come back.
 #include "rank_process.hpp"
 
-#include "models.hpp"
-#include "rank_process_child.hpp"
-#include "workload.hpp"
+#include "byte_encoding.hpp"
+#include "child_setup.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -23,218 +24,11 @@ extern char** environ;
 
 namespace replay {
 
-namespace {
-
 using namespace kvfuse;
 
-constexpr std::uint64_t max_payload = std::uint64_t{1} << 30;
+namespace {
 constexpr int child_fd = 3;  // the control channel's descriptor in a rank process
-
-/// Every counter of a TierSnapshot as one trivially copyable struct.
-struct TierSnapshotWire {
-  TierCalls calls;
-  bool has_memory = false, has_disk = false, has_stack = false, has_redis = false;
-  MemoryTierStats memory;
-  DiskTierStats disk;
-  TieredTierStats stack;
-  RedisTierStats redis;
-  std::uint64_t quarantined = 0;
-};
-static_assert(std::is_trivially_copyable_v<TierSnapshotWire> && std::is_trivially_copyable_v<ConnectorStats> &&
-              std::is_trivially_copyable_v<RankCounts> && std::is_trivially_copyable_v<TierKey> &&
-              std::is_trivially_copyable_v<BlockId>);
-
-template <class T>
-std::span<const std::byte> bytes_of(const T& v) noexcept {
-  return std::as_bytes(std::span<const T>(&v, 1));
-}
-template <class T>
-std::span<const std::byte> bytes_of(std::span<const T> v) noexcept {
-  return std::as_bytes(v);
-}
-/// `payload` as `n` values of T, or an empty span when its size is not exactly that.
-template <class T>
-std::span<const T> as_items(std::span<const std::byte> payload, std::size_t n) noexcept {
-  if (payload.size() != n * sizeof(T) || reinterpret_cast<std::uintptr_t>(payload.data()) % alignof(T) != 0) return {};
-  return {reinterpret_cast<const T*>(payload.data()), n};
-}
-template <class T>
-T read_as(std::span<const std::byte> payload) noexcept {
-  T v{};
-  if (payload.size() == sizeof(T)) std::memcpy(&v, payload.data(), sizeof(T));
-  return v;
-}
-
-// ---- the setup's encoding ------------------------------------------------------------------
-struct Writer {
-  std::vector<std::byte> out;
-  template <class T>
-  void value(const T& v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const auto b = bytes_of(v);
-    out.insert(out.end(), b.begin(), b.end());
-  }
-  void text(const std::string& s) {
-    value(static_cast<std::uint32_t>(s.size()));
-    const auto* p = reinterpret_cast<const std::byte*>(s.data());
-    out.insert(out.end(), p, p + s.size());
-  }
-};
-struct Reader {
-  std::span<const std::byte> in;
-  template <class T>
-  T value() {
-    if (in.size() < sizeof(T)) throw InputError("rank process setup: truncated");
-    T v;
-    std::memcpy(&v, in.data(), sizeof(T));
-    in = in.subspan(sizeof(T));
-    return v;
-  }
-  std::string text() {
-    const auto n = value<std::uint32_t>();
-    if (in.size() < n) throw InputError("rank process setup: truncated text");
-    std::string s(reinterpret_cast<const char*>(in.data()), n);
-    in = in.subspan(n);
-    return s;
-  }
-};
-
 }  // namespace
-
-// ---- ControlChannel ------------------------------------------------------------------------
-ControlChannel& ControlChannel::operator=(ControlChannel&& o) noexcept {
-  if (this != &o) {
-    close();
-    fd_ = o.fd_;
-    o.fd_ = -1;
-  }
-  return *this;
-}
-
-bool ControlChannel::put(ControlHeader h, std::span<const std::byte> payload) noexcept {
-  if (fd_ < 0) return false;
-  h.bytes = payload.size();
-  auto send_all = [&](const std::byte* p, std::size_t n) {
-    while (n > 0) {
-      const ssize_t sent = ::send(fd_, p, n, MSG_NOSIGNAL);
-      if (sent < 0 && errno == EINTR) continue;
-      if (sent <= 0) return false;
-      p += sent;
-      n -= static_cast<std::size_t>(sent);
-    }
-    return true;
-  };
-  return send_all(reinterpret_cast<const std::byte*>(&h), sizeof h) && send_all(payload.data(), payload.size());
-}
-
-bool ControlChannel::get(ControlHeader& h, std::vector<std::byte>& payload) noexcept {
-  if (fd_ < 0) return false;
-  auto recv_all = [&](std::byte* p, std::size_t n) {
-    while (n > 0) {
-      const ssize_t got = ::recv(fd_, p, n, 0);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) return false;
-      p += got;
-      n -= static_cast<std::size_t>(got);
-    }
-    return true;
-  };
-  if (!recv_all(reinterpret_cast<std::byte*>(&h), sizeof h) || h.bytes > max_payload) return false;
-  try {
-    payload.resize(h.bytes);
-  } catch (const std::bad_alloc&) {
-    return false;
-  }
-  return recv_all(payload.data(), payload.size());
-}
-
-void ControlChannel::shut_down() noexcept {
-  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
-}
-
-void ControlChannel::close() noexcept {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
-
-// ---- ChildSetup ----------------------------------------------------------------------------
-std::vector<std::byte> ChildSetup::encode() const {
-  Writer w;
-  w.text(segment);
-  w.text(model);
-  w.value(rank);
-  w.value(ranks.model);
-  w.value(ranks.world);
-  w.value(ranks.num_blocks);
-  w.value(ranks.num_slots);
-  w.value(ranks.max_chunks_per_load);
-  w.value(static_cast<std::uint64_t>(ranks.tier));
-  w.value(static_cast<std::uint64_t>(tier.memory_bytes));
-  w.text(tier.dir.string());
-  w.text(tier.pass);
-#if KVFUSE_REPLAY_WITH_REDIS
-  w.value(static_cast<std::uint8_t>(tier.redis.has_value()));
-  if (tier.redis) {
-    const RedisTierOptions& r = *tier.redis;
-    w.text(r.host);
-    w.value(r.port);
-    w.text(r.unix_socket);
-    w.text(r.user);
-    w.text(r.password);
-    w.value(r.db);
-    w.text(r.key_prefix);
-    w.value(static_cast<std::int64_t>(r.ttl.count()));
-    w.value(static_cast<std::int64_t>(r.connect_timeout.count()));
-    w.value(static_cast<std::int64_t>(r.command_timeout.count()));
-    w.value(static_cast<std::uint64_t>(r.max_idle_connections));
-  }
-#else
-  w.value(std::uint8_t{0});
-#endif
-  return std::move(w.out);
-}
-
-ChildSetup ChildSetup::decode(std::span<const std::byte> bytes) {
-  Reader rd{bytes};
-  ChildSetup s;
-  s.segment = rd.text();
-  s.model = rd.text();
-  s.rank = rd.value<std::uint32_t>();
-  s.ranks.model = rd.value<std::uint64_t>();
-  s.ranks.world = rd.value<std::uint32_t>();
-  s.ranks.num_blocks = rd.value<std::uint32_t>();
-  s.ranks.num_slots = rd.value<std::uint32_t>();
-  s.ranks.max_chunks_per_load = rd.value<std::uint32_t>();
-  s.ranks.tier = static_cast<std::size_t>(rd.value<std::uint64_t>());
-  s.tier.memory_bytes = static_cast<std::size_t>(rd.value<std::uint64_t>());
-  s.tier.dir = rd.text();
-  s.tier.pass = rd.text();
-  if (rd.value<std::uint8_t>() != 0) {
-#if KVFUSE_REPLAY_WITH_REDIS
-    RedisTierOptions r;
-    r.host = rd.text();
-    r.port = rd.value<int>();
-    r.unix_socket = rd.text();
-    r.user = rd.text();
-    r.password = rd.text();
-    r.db = rd.value<int>();
-    r.key_prefix = rd.text();
-    r.ttl = std::chrono::milliseconds(rd.value<std::int64_t>());
-    r.connect_timeout = std::chrono::milliseconds(rd.value<std::int64_t>());
-    r.command_timeout = std::chrono::milliseconds(rd.value<std::int64_t>());
-    r.max_idle_connections = static_cast<std::size_t>(rd.value<std::uint64_t>());
-    s.tier.redis = r;
-#else
-    throw InputError("rank process setup: a redis tier, but this binary has no redis");
-#endif
-  }
-  if (!rd.in.empty() || s.rank >= s.ranks.world || s.ranks.tier >= tier_count)
-    throw InputError("rank process setup: rank " + std::to_string(s.rank) + " of " + std::to_string(s.ranks.world) +
-                     ", tier " + std::to_string(s.ranks.tier) + ", " + std::to_string(rd.in.size()) + " bytes left over");
-  return s;
-}
-
-// ---- the engine side ------------------------------------------------------------------------
 
 /// Rank r's tier over its control channel. A rank that is down answers as an empty tier.
 class RemoteTier final : public TierControl {
@@ -265,16 +59,8 @@ class RemoteTier final : public TierControl {
   }
   TierSnapshot snapshot() const override {
     std::vector<std::byte> payload;
-    TierSnapshot s;
-    if (!ask({ControlOp::tier_snapshot}, {}, nullptr, &payload)) return s;
-    const auto w = read_as<TierSnapshotWire>(payload);
-    s.calls = w.calls;
-    if (w.has_memory) s.memory = w.memory;
-    if (w.has_disk) s.disk = w.disk;
-    if (w.has_stack) s.stack = w.stack;
-    if (w.has_redis) s.redis = w.redis;
-    s.quarantined = w.quarantined;
-    return s;
+    if (!ask({ControlOp::tier_snapshot}, {}, nullptr, &payload)) return {};
+    return from_wire(read_as<TierSnapshotWire>(payload));
   }
 
  private:
@@ -549,179 +335,6 @@ std::vector<RankCounts> RankProcesses::rank_counts() {
 
 void RankProcesses::drain() {
   call_all({ControlOp::drain}, {}, [](std::uint32_t, const ControlHeader&, const std::vector<std::byte>&) {});
-}
-
-// ---- the rank process ------------------------------------------------------------------------
-bool send_ready(ControlChannel& channel) { return channel.put({ControlOp::ready, 0, 1}); }
-
-void RankServer::on_serving_thread(const std::function<void()>& task) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  task_ = &task;
-  pending_.store(true, std::memory_order_release);
-  done_.wait(lock, [&] { return task_ == nullptr || stopped_.load(std::memory_order_acquire); });
-  task_ = nullptr;
-  pending_.store(false, std::memory_order_release);
-}
-
-#if defined(__SANITIZE_THREAD__)
-#define KVFUSE_REPLAY_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define KVFUSE_REPLAY_TSAN 1
-#endif
-#endif
-
-void RankServer::on_memory(const std::function<void()>& op) {
-#if KVFUSE_REPLAY_TSAN
-  // What orders a lane's writes before this request (its record, read by the engine, which
-  // then asks) and this request's writes before a later save (the engine's reply, then its
-  // frame) crosses the engine's process, where ThreadSanitizer cannot see it. Under it the
-  // op runs on the serving thread after the lanes settle: an order within this process.
-  on_serving_thread([&] {
-    work_.settle();
-    op();
-  });
-#else
-  op();
-#endif
-}
-
-void RankServer::do_work() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (task_ != nullptr) (*task_)();
-  task_ = nullptr;
-  pending_.store(false, std::memory_order_release);
-  done_.notify_all();
-}
-
-void RankServer::stop() noexcept {
-  channel_.shut_down();
-  std::lock_guard<std::mutex> lock(mutex_);
-  stopped_.store(true, std::memory_order_release);
-  done_.notify_all();
-}
-
-void RankServer::run() {
-  ControlHeader h;
-  std::vector<std::byte> payload;
-  while (!stopped() && channel_.get(h, payload) && answer(h, payload)) {
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  stopped_.store(true, std::memory_order_release);
-}
-
-bool RankServer::answer(const ControlHeader& h, std::span<const std::byte> payload) {
-  ControlHeader reply{h.op};
-  std::vector<std::byte> out;
-  const auto spans = as_items<BlockSpan>(payload, h.count);
-  const auto keys = as_items<TierKey>(payload, h.count);
-  if ((h.op == ControlOp::write_kv || h.op == ControlOp::fold_kv || h.op == ControlOp::check) && spans.size() != h.count)
-    return false;  // not what this binary sends: stop
-  if ((h.op == ControlOp::tier_leading || h.op == ControlOp::tier_erase || h.op == ControlOp::tier_erase_from_memory ||
-       h.op == ControlOp::tier_disk_path) &&
-      (keys.size() != h.count || (h.op != ControlOp::tier_leading && h.count != 1)))
-    return false;
-  switch (h.op) {
-    case ControlOp::write_kv: on_memory([&] { memory_.write_kv(spans); }); break;
-    case ControlOp::write_state: on_memory([&] { memory_.write_state(SlotId{static_cast<std::uint32_t>(h.a)}, h.b); }); break;
-    case ControlOp::read_state: on_memory([&] { reply.a = memory_.read_state(SlotId{static_cast<std::uint32_t>(h.a)}); }); break;
-    case ControlOp::fold_kv: on_memory([&] { reply.a = memory_.fold_kv(spans); }); break;
-    case ControlOp::check: {
-      const std::optional<SlotId> slot = h.a == 0 ? std::nullopt : std::optional<SlotId>(SlotId{static_cast<std::uint32_t>(h.a - 1)});
-      Checked c;
-      on_memory([&] { c = memory_.check(spans, slot, h.b); });
-      verified_ += c.verified;
-      corrupted_ += c.corrupted;
-      reply.a = c.verified;
-      reply.b = c.corrupted;
-      break;
-    }
-    case ControlOp::put_blocks: {
-      const std::size_t ids = std::size_t{h.count} * sizeof(BlockId);
-      if (payload.size() != ids + std::size_t{h.count} * block_bytes) return false;
-      on_memory([&] {
-        for (std::uint32_t i = 0; i < h.count; ++i) {
-          BlockId b;
-          std::memcpy(&b, payload.data() + i * sizeof(BlockId), sizeof b);
-          std::memcpy(memory_.block(b.value), payload.data() + ids + std::size_t{i} * block_bytes, block_bytes);
-        }
-      });
-      break;
-    }
-    case ControlOp::tier_leading: reply.a = tier_.leading(keys); break;
-    case ControlOp::tier_erase: reply.a = tier_.erase(keys[0]); break;
-    case ControlOp::tier_set_delay: tier_.set_delay(std::chrono::microseconds(h.a)); break;
-    case ControlOp::tier_reopen_disk: {
-      const auto [before, after] = tier_.reopen_disk();
-      reply.a = before;
-      reply.b = after;
-      break;
-    }
-    case ControlOp::tier_erase_from_memory: reply.a = tier_.erase_from_memory(keys[0]); break;
-    case ControlOp::tier_disk_path: {
-      const std::string p = tier_.disk_path(keys[0]).string();
-      const auto* b = reinterpret_cast<const std::byte*>(p.data());
-      out.assign(b, b + p.size());
-      break;
-    }
-    case ControlOp::tier_snapshot: {
-      const TierSnapshot s = tier_.snapshot();
-      TierSnapshotWire w;
-      w.calls = s.calls;
-      w.has_memory = s.memory.has_value();
-      w.has_disk = s.disk.has_value();
-      w.has_stack = s.stack.has_value();
-      w.has_redis = s.redis.has_value();
-      if (s.memory) w.memory = *s.memory;
-      if (s.disk) w.disk = *s.disk;
-      if (s.stack) w.stack = *s.stack;
-      if (s.redis) w.redis = *s.redis;
-      w.quarantined = s.quarantined;
-      const auto b = bytes_of(w);
-      out.assign(b.begin(), b.end());
-      break;
-    }
-    case ControlOp::connector_stats: {
-      ConnectorStats s{};
-      on_serving_thread([&] { s = work_.stats(); });
-      const auto b = bytes_of(s);
-      out.assign(b.begin(), b.end());
-      break;
-    }
-    case ControlOp::counts: {
-      RankCounts c{};
-      on_serving_thread([&] { c = work_.counts(); });
-      c.bytes_checked = verified_;
-      c.bytes_corrupted = corrupted_;
-      const auto b = bytes_of(c);
-      out.assign(b.begin(), b.end());
-      break;
-    }
-    case ControlOp::drain: on_serving_thread(work_.drain); break;
-    case ControlOp::quit: (void)channel_.put(reply); return false;
-    case ControlOp::ready: return false;
-  }
-  return channel_.put(reply, out);
-}
-
-int rank_process_main(int fd) {
-  ControlChannel channel(fd);
-  ControlHeader h;
-  std::vector<std::byte> payload;
-  if (!channel.get(h, payload) || h.op != ControlOp::ready) return 3;
-  auto refuse = [&](const std::string& why) {
-    const auto* b = reinterpret_cast<const std::byte*>(why.data());
-    (void)channel.put({ControlOp::ready, 0, 0}, std::span<const std::byte>(b, why.size()));
-    return 3;
-  };
-  try {
-    const ChildSetup s = ChildSetup::decode(payload);
-    const Model* m = find_model(s.model);
-    if (m == nullptr || m->serve_rank == nullptr) return refuse("no model \"" + s.model + "\"");
-    return m->serve_rank(s, channel);
-  } catch (const std::exception& e) {
-    return refuse(e.what());
-  }
 }
 
 }  // namespace replay

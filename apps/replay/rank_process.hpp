@@ -6,15 +6,22 @@
 //  - the segment (kvfuse/ipc): loads and saves go as frames through ShmEngine, the
 //    Coordinator's transport; records come back through the rank's record rings into the
 //    engine's ShmQuorum and SettlementPump. Deaths are ShmEngine's: a pidfd per rank.
-//  - the control channel: a socketpair per rank process, one request and one reply at a
-//    time, for everything else (the forward's writes, folds and byte checks, the tier's
-//    lookups and faults, counters, drain). Requests are fixed-size headers followed by a
-//    length-prefixed payload of trivially copyable structs (both ends are this binary).
+//  - the control channel (control_channel.hpp): a socketpair per rank process for
+//    everything else.
 //
 // A rank process ends when the engine says quit, when the control channel closes, or when
 // ShmRank sees the engine gone (its pidfd): no rank process outlives its engine.
+//
+// The files, one job each:
+//   rank_process.hpp/.cpp       the engine's side: RankProcesses (start, call, watch, restart)
+//   control_channel.hpp/.cpp    the channel: requests, replies, whole writes and reads
+//   byte_encoding.hpp           the bytes of what crosses it
+//   child_setup.hpp/.cpp        what a rank process is built from, as bytes
+//   rank_server.hpp/.cpp        the rank process's side: RankServer, serve_rank<Conn, Inner>
+//   rank_process_main.hpp/.cpp  the rank process's entry: its setup, its model, serve_rank
 #pragma once
 
+#include "control_channel.hpp"
 #include "ranks.hpp"
 
 #include <kvfuse/ipc/shm_engine.hpp>
@@ -27,81 +34,9 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <vector>
 
 namespace replay {
-
-/// The control channel's requests; each has exactly one reply.
-enum class ControlOp : std::uint32_t {
-  ready,                   ///< engine -> rank: the setup (payload); reply: a = 1, or the error text
-  write_kv,                ///< BlockSpan[count]
-  write_state,             ///< a: slot, b: digest
-  read_state,              ///< a: slot; reply a: digest
-  fold_kv,                 ///< BlockSpan[count]; reply a: the fold
-  check,                   ///< BlockSpan[count], a: slot + 1 (0: none), b: digest; reply a: verified, b: corrupted
-  put_blocks,              ///< BlockId[count] then count blocks' bytes
-  tier_leading,            ///< TierKey[count]; reply a: leading keys held
-  tier_erase,              ///< TierKey; reply a: erased
-  tier_set_delay,          ///< a: microseconds
-  tier_reopen_disk,        ///< reply a, b: entries before, after
-  tier_erase_from_memory,  ///< TierKey; reply a: erased
-  tier_disk_path,          ///< TierKey; reply: the path's text
-  tier_snapshot,           ///< reply: TierSnapshotWire
-  connector_stats,         ///< reply: ConnectorStats
-  counts,                  ///< reply: RankCounts
-  drain,                   ///< every frame sent so far served, every lane idle
-  quit,                    ///< the rank process ends after replying
-};
-
-/// A request's or a reply's fixed part; `bytes` of payload follow it.
-struct ControlHeader {
-  ControlOp op = ControlOp::ready;
-  std::uint32_t count = 0;
-  std::uint64_t a = 0, b = 0;
-  std::uint64_t bytes = 0;
-};
-static_assert(std::is_trivially_copyable_v<ControlHeader>);
-
-/// One end of a control channel (a connected stream socket). Owns the descriptor. put, get
-/// and close by one thread at a time; shut_down from any thread (it ends a blocked get).
-class ControlChannel {
- public:
-  ControlChannel() = default;
-  explicit ControlChannel(int fd) noexcept : fd_(fd) {}
-  ControlChannel(ControlChannel&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
-  ControlChannel& operator=(ControlChannel&& o) noexcept;
-  ControlChannel(const ControlChannel&) = delete;
-  ControlChannel& operator=(const ControlChannel&) = delete;
-  ~ControlChannel() { close(); }
-
-  /// Writes a header and its payload whole; false when the other end is gone.
-  bool put(ControlHeader h, std::span<const std::byte> payload = {}) noexcept;
-  /// Reads a header and its payload whole (at most 1 GiB); false when the other end is
-  /// gone, the payload is too large, or a receive timeout passed.
-  bool get(ControlHeader& h, std::vector<std::byte>& payload) noexcept;
-  /// Ends both directions (a blocked get on the other thread returns false); keeps the descriptor.
-  void shut_down() noexcept;
-  void close() noexcept;
-  bool open() const noexcept { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
-
-/// What a rank process is built from: the segment, its rank and geometry, its model and
-/// its tier. Sent as the payload of ControlOp::ready.
-struct ChildSetup {
-  std::string segment;
-  std::string model;  ///< the model table's name: the child builds that entry's connector
-  std::uint32_t rank = 0;
-  RankSetup ranks;    ///< its runtime and group are not used
-  TierOptions tier;   ///< this rank's
-
-  std::vector<std::byte> encode() const;
-  /// Throws InputError on a payload that does not decode.
-  static ChildSetup decode(std::span<const std::byte> bytes);
-};
 
 /// Ranks as processes: one child process per rank, its frames through `shm`, everything else
 /// over its control channel. Scheduler thread only.
@@ -202,10 +137,5 @@ class RankProcesses final : public Ranks {
   std::vector<std::vector<std::byte>> landing_;  // P/D transfers land here, then go to the ranks
   std::vector<std::byte> reply_;
 };
-
-/// The hidden mode of kvfuse-replay: serves as one rank process on the control channel `fd`
-/// until the engine says quit or is gone. Returns the exit status (0, or 3 when it could not
-/// start: the reason went back to the engine).
-int rank_process_main(int fd);
 
 }  // namespace replay

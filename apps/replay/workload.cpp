@@ -13,7 +13,7 @@ namespace replay {
 
 namespace {
 
-using kvfuse::detail::mix64;
+using kvfuse::mix64;
 
 std::uint64_t count_field(const nlohmann::json& line, const char* name, std::size_t line_no, const std::string& path,
                                  bool allow_zero) {

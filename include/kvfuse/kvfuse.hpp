@@ -1,8 +1,9 @@
 // kvfuse/kvfuse.hpp — everything an engine needs, in one include, in the order the data
 // flows. HipRuntime is separate (<kvfuse/device/hip_runtime.hpp>, link kvfuse::hip)
-// because it needs the HIP headers and library. Test doubles (FaultyRuntime, DelayTier,
-// the allocation counter, the index consistency walk) are under <kvfuse/testing/...> and
-// are not included here.
+// because it needs the HIP headers and library. Two kits are opt-in, each included by
+// name: ranks as processes (<kvfuse/ipc/...>) and the engine-side host kit that engine loops
+// build on (<kvfuse/host/...>). Test doubles (FaultyRuntime, DelayTier, the allocation
+// counter) are under <kvfuse/testing/...> and are not included here.
 #pragma once
 
 #include <kvfuse/error.hpp>
@@ -27,6 +28,7 @@
 #include <kvfuse/engine/index_options.hpp>
 #include <kvfuse/engine/tickets.hpp>
 #include <kvfuse/engine/offload_index.hpp>
+#include <kvfuse/engine/index_consistency.hpp>
 #include <kvfuse/engine/reseed.hpp>
 
 // completion path

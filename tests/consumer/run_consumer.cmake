@@ -20,13 +20,20 @@ if(NOT CXX_COMPILER)
 endif()
 set(compiler -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
 
-# The consumer needs only the headers: the llama.cpp integration is off here. Its own tests,
-# the two-pass comparisons and the controls that must make them differ (a flipped KV byte, a
-# state of the wrong boundary), live in integrations/llama/.
+# The consumer needs only the headers. The llama.cpp integration is off unless asked for,
+# even at the top level: this configure does not name it, and the cache must say OFF (a
+# plain configure fetches nothing). Its own tests, the two-pass comparisons and the controls
+# that must make them differ (a flipped KV byte, a state of the wrong boundary), live in
+# integrations/llama/ and apps/llama/.
 if(MODE STREQUAL "find_package")
   run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE} -B ${WORK}/kvfuse-build ${compiler} -DKVFUSE_BUILD_TESTS=OFF
-      -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DKVFUSE_BUILD_APPS=OFF -DKVFUSE_BUILD_LLAMA=OFF
+      -DKVFUSE_BUILD_BENCH=OFF -DKVFUSE_BUILD_EXAMPLES=OFF -DKVFUSE_BUILD_APPS=OFF
       -DCMAKE_INSTALL_PREFIX=${WORK}/prefix)
+  file(STRINGS ${WORK}/kvfuse-build/CMakeCache.txt llama_option REGEX "^KVFUSE_BUILD_LLAMA:BOOL=")
+  if(NOT llama_option STREQUAL "KVFUSE_BUILD_LLAMA:BOOL=OFF")
+    message(FATAL_ERROR "a top-level configure that does not name KVFUSE_BUILD_LLAMA got '${llama_option}': "
+                        "it must default to OFF, so that configuring the header-only library fetches nothing")
+  endif()
   run(${CMAKE_COMMAND} --install ${WORK}/kvfuse-build)
   run(${CMAKE_COMMAND} -S ${KVFUSE_SOURCE}/tests/consumer/find_package -B ${WORK}/consumer-build ${compiler}
       -DCMAKE_PREFIX_PATH=${WORK}/prefix)

@@ -18,15 +18,18 @@
 
 namespace kvfuse {
 
-namespace detail {
-/// splitmix64 finaliser: spreads the bits of ids that are often small consecutive integers.
+/// The splitmix64 finaliser: a bijection on 64-bit values that spreads the bits of ids that
+/// are often small consecutive integers. kvfuse hashes its ids with it, and engines may
+/// build their own keys with it (prefix hashes chained token by token, a model id): it is
+/// part of the API and gives the same value on every build and version, so a key an
+/// engine persisted (in a disk tier, on a Redis server) means the same after an upgrade.
+/// Any thread; constexpr, noexcept.
 constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
   return x ^ (x >> 31);
 }
-}  // namespace detail
 
 /// The engine's id of one request. Survives preemption and re-admission.
 struct RequestId {
@@ -152,33 +155,33 @@ inline std::string to_string(LoadKey key) {
 
 template <>
 struct std::hash<kvfuse::RequestId> {
-  std::size_t operator()(kvfuse::RequestId v) const noexcept { return kvfuse::detail::mix64(v.value); }
+  std::size_t operator()(kvfuse::RequestId v) const noexcept { return kvfuse::mix64(v.value); }
 };
 template <>
 struct std::hash<kvfuse::Generation> {
-  std::size_t operator()(kvfuse::Generation v) const noexcept { return kvfuse::detail::mix64(v.value); }
+  std::size_t operator()(kvfuse::Generation v) const noexcept { return kvfuse::mix64(v.value); }
 };
 template <>
 struct std::hash<kvfuse::PrefixHash> {
-  std::size_t operator()(kvfuse::PrefixHash v) const noexcept { return kvfuse::detail::mix64(v.value); }
+  std::size_t operator()(kvfuse::PrefixHash v) const noexcept { return kvfuse::mix64(v.value); }
 };
 template <>
 struct std::hash<kvfuse::SlotId> {
-  std::size_t operator()(kvfuse::SlotId v) const noexcept { return kvfuse::detail::mix64(v.value); }
+  std::size_t operator()(kvfuse::SlotId v) const noexcept { return kvfuse::mix64(v.value); }
 };
 template <>
 struct std::hash<kvfuse::BlockId> {
-  std::size_t operator()(kvfuse::BlockId v) const noexcept { return kvfuse::detail::mix64(v.value); }
+  std::size_t operator()(kvfuse::BlockId v) const noexcept { return kvfuse::mix64(v.value); }
 };
 template <>
 struct std::hash<kvfuse::LoadKey> {
   std::size_t operator()(const kvfuse::LoadKey& k) const noexcept {
-    return kvfuse::detail::mix64(k.request.value ^ kvfuse::detail::mix64(k.generation.value));
+    return kvfuse::mix64(k.request.value ^ kvfuse::mix64(k.generation.value));
   }
 };
 template <>
 struct std::hash<kvfuse::SaveKey> {
   std::size_t operator()(const kvfuse::SaveKey& k) const noexcept {
-    return kvfuse::detail::mix64(k.hash.value ^ kvfuse::detail::mix64(k.generation.value));
+    return kvfuse::mix64(k.hash.value ^ kvfuse::mix64(k.generation.value));
   }
 };

@@ -45,7 +45,7 @@ enum class Reason : std::uint8_t {
   grid_mismatch = 5,          ///< boundary off the checkpoint grid, or the rank's grids differ from the engine's
   kv_end_mismatch = 6,        ///< the KV end is not the chunk covering the boundary
   entry_size_mismatch = 7,    ///< the stored entry's size does not match the slot
-  nonzero_hbm_floor = 8,      ///< retired: no longer sent (DSV4 loads from any floor, DESIGN §9 2026-12-01);
+  nonzero_hbm_floor = 8,      ///< retired: no longer sent (DSV4 loads from any floor: docs/reference.md#any-floor);
                               ///< kept so its number is never reused and an older peer's record still decodes
   sidecar_mismatch = 9,       ///< the stored entry's boundary hash or length disagrees with the spec
   leg_not_run = 10,           ///< the leg never ran (an earlier failure, or the task forgot to report it)

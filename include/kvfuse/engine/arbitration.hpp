@@ -21,6 +21,10 @@ struct AdmissionQuery {
   RequestId request;
   TokenCount hbm = 0;            ///< tokens already resident on the device
   TokenCount prompt_tokens = 0;  ///< the request's prompt length
+  /// The KV tokens beyond hbm the offload tier's plan loads (0 for a state-only plan or
+  /// none): the Coordinator plans the tier first and asks the composition with the answer,
+  /// which the offload sub offers as its own.
+  TokenCount tier_offer = 0;
 };
 
 /// An engine-side sub-connector as a composition sees it:
@@ -72,16 +76,14 @@ struct Arbitration {
   StateDisposition state = StateDisposition::none;
 };
 
-/// The offload tier as a sub of a composition. The Coordinator plans the tier's load first
-/// and sets `offer` (the KV tokens beyond hbm its plan loads; 0 for a state-only plan or no
-/// plan) before it asks the composition; the sub arms nothing, because the index issues the
+/// The offload tier as a sub of a composition: it offers what the query says the tier's
+/// plan loads (AdmissionQuery::tier_offer) and arms nothing, because the index issues the
 /// ticket only after the tier won. `cancelled` counts the times it lost with an offer.
 /// Scheduler thread only.
 struct OffloadSub {
   static constexpr std::string_view connector_name = "offload";
-  TokenCount offer = 0;
   std::uint64_t cancelled = 0;
-  TokenCount matched_tokens(const AdmissionQuery&) const noexcept { return offer; }
+  TokenCount matched_tokens(const AdmissionQuery& query) const noexcept { return query.tier_offer; }
   void cancel(RequestId) noexcept { ++cancelled; }
 };
 

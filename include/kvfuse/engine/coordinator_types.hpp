@@ -19,6 +19,7 @@
 #include <kvfuse/bridge/resolution.hpp>
 #include <kvfuse/bridge/save_request.hpp>
 #include <kvfuse/engine/checkpoint_policy.hpp>
+#include <kvfuse/engine/index_options.hpp>
 #include <kvfuse/engine/planner.hpp>
 #include <kvfuse/engine/tickets.hpp>
 
@@ -201,6 +202,21 @@ struct CoordinatorOptions {
   CheckpointPolicy checkpoints{};
 };
 
+/// What one Coordinator::step() produced. The spans stay valid until the next step() or
+/// tick().
+struct CoordinatorStep {
+  std::span<const Unpark> unparked;   ///< resume these (once each)
+  std::span<const Freed> freed;       ///< free these admissions' blocks and slot: no rank reads or writes them
+  std::size_t records = 0;            ///< records the pump drained
+  std::span<const SlotId> snapshots;  ///< snapshot slots every rank released: the engine may reuse them
+};
+
+/// What one Coordinator::tick() produced. The span stays valid until the next tick().
+struct CoordinatorTick {
+  std::size_t reclaimed = 0;             ///< orphans reclaimed (their release comes out of the next step)
+  std::span<const OverdueLoad> overdue;  ///< loads in flight at least `overdue_after`; nothing freed
+};
+
 /// Counters and gauges of a Coordinator, read in O(1).
 struct CoordinatorStats {
   std::uint64_t admitted = 0;          ///< admit() calls
@@ -232,5 +248,5 @@ struct CoordinatorStats {
 
 template <>
 struct std::hash<kvfuse::AdmissionId> {
-  std::size_t operator()(kvfuse::AdmissionId v) const noexcept { return kvfuse::detail::mix64(v.value); }
+  std::size_t operator()(kvfuse::AdmissionId v) const noexcept { return kvfuse::mix64(v.value); }
 };

@@ -1,11 +1,11 @@
 // kvfuse/engine/offload_index.hpp — OffloadIndex, the engine side's one owner (R5).
 // Its tickets are in engine/tickets.hpp, its options and stats in engine/index_options.hpp,
-// and the full consistency walk (tests only) in testing/index_consistency.hpp.
+// and the full consistency walk (an end-of-run audit) in engine/index_consistency.hpp.
 //
 // OffloadIndex alone owns the indexed state hashes (an LRU-capped set), every outstanding
 // load (KV-only, joint and state-only alike), the slots held for orphaned loads, and the
 // counters. Every load is named by one LoadKey {request, generation}; the index issues the
-// generation itself, one per admission, so two admissions of one request never share a key
+// generation itself, one per granted load, so two loads of one request never share a key
 // and a report for one can never settle the other (R3, R8).
 //
 // Threading: the whole engine side is single-threaded by design. OffloadIndex and
@@ -54,7 +54,7 @@ struct OffloadIndexAccess;
 /// Neither copyable nor movable (tickets point at it); it must outlive every ticket it
 /// issued. Every member is noexcept except construction and the visitor walks
 /// (for_each_indexed; drain_resolutions with a visitor that may throw). The full
-/// consistency walk is testing::check_consistency (testing/index_consistency.hpp).
+/// consistency walk is check_consistency (engine/index_consistency.hpp).
 ///
 /// Lifecycle of a load:
 ///   request_load ──► ticket ──dispatch()──► in flight ──settle/complete/fail/abandon──► resolved
@@ -157,21 +157,21 @@ class OffloadIndex final : private detail::TicketSink {
 
   // ---------------------------------------------------------------- loads
 
-  /// Admits a load for `request`: KV-only (state empty), state-only (kv empty, R10) or
-  /// joint. On admission, issues a fresh generation, counts the load in `issued` and
+  /// Grants a load ticket for `request`: KV-only (state empty), state-only (kv empty, R10)
+  /// or joint. On a grant, issues a fresh generation, counts the load in `issued` and
   /// `outstanding`, holds the slot against other loads, touches the state hash's LRU
   /// position, and returns a ticket that owns the KV spec (moved, not copied). On refusal
   /// (see LoadRefusal for the order of checks) only `refused` changes.
   /// Scheduler thread only; noexcept; O(1) amortised (allocates only when a table grows).
-  [[nodiscard]] LoadAdmission request_load(RequestId request, std::optional<KvSpec> kv,
-                                           std::optional<StateSpec> state) noexcept {
-    const LoadRefusal why = admission_check(request, kv.has_value(), state);
+  [[nodiscard]] LoadGrant request_load(RequestId request, std::optional<KvSpec> kv,
+                                       std::optional<StateSpec> state) noexcept {
+    const LoadRefusal why = grant_check(request, kv.has_value(), state);
     if (why != LoadRefusal::none) return refuse(why);
     std::uint32_t e = free_entry_;
     try {
       keys_.reserve(keys_.size() + 1);
       requests_.reserve(requests_.size() + 1);
-      // Every outstanding load resolves at most once before the next admission, so this
+      // Every outstanding load resolves at most once before the next grant, so this
       // reserve is what lets every settle path queue its resolution without allocating.
       const std::size_t need = resolutions_.size() + stats_.outstanding + 1;
       if (resolutions_.capacity() < need) resolutions_.reserve(std::max(need, 2 * resolutions_.capacity()));
@@ -204,7 +204,7 @@ class OffloadIndex final : private detail::TicketSink {
     requests_.insert(request, e);
     ++stats_.issued;
     ++stats_.outstanding;
-    return LoadAdmission(LoadTicket(this, e, key, std::move(kv)));
+    return LoadGrant(LoadTicket(this, e, key, std::move(kv)));
   }
 
   /// Settles a load its ranks reported on (the completion path calls it with every
@@ -433,7 +433,7 @@ class OffloadIndex final : private detail::TicketSink {
 
   // ---------------------------------------------------------------- saves
 
-  /// Admits a save: issues its key (the caller's `save.key.hash`, a fresh generation) and
+  /// Grants a save ticket: issues its key (the caller's `save.key.hash`, a fresh generation) and
   /// returns a ticket whose dispatch() yields the save for every rank. The index remembers
   /// what it holds: only a StateSave every rank stored indexes its hash (the indexed set
   /// answers "can a state leg be served"; a KV chunk hash is not a checkpoint). Refused,
@@ -441,19 +441,19 @@ class OffloadIndex final : private detail::TicketSink {
   /// learns it and keeps its source. Scheduler thread only; noexcept; O(1) amortised.
   template <class Save>
     requires std::same_as<Save, KvSave> || std::same_as<Save, StateSave>
-  [[nodiscard]] SaveAdmission<Save> request_save(Save save) noexcept {
+  [[nodiscard]] SaveGrant<Save> request_save(Save save) noexcept {
     try {
       saves_.reserve(saves_.size() + 1);
     } catch (...) {
       ++stats_.saves_refused;
-      return SaveAdmission<Save>(SaveRefusal::out_of_memory);
+      return SaveGrant<Save>(SaveRefusal::out_of_memory);
     }
     save.key.generation = generations_.next();
     TokenCount spared = 0;
     if constexpr (std::same_as<Save, StateSave>) spared = save.boundary_tokens;
     saves_.insert(save.key, save_value(std::same_as<Save, StateSave> ? SaveKind::state : SaveKind::kv, false, spared));
     ++stats_.saves_issued;
-    return SaveAdmission<Save>(SaveTicket<Save>(this, std::move(save)));
+    return SaveGrant<Save>(SaveTicket<Save>(this, std::move(save)));
   }
 
   /// Whether `key` is a dispatched save that has not settled its `stored` phase: the
@@ -559,7 +559,7 @@ class OffloadIndex final : private detail::TicketSink {
     return o;
   }
 
-  [[nodiscard]] LoadRefusal admission_check(RequestId request, bool has_kv,
+  [[nodiscard]] LoadRefusal grant_check(RequestId request, bool has_kv,
                                             const std::optional<StateSpec>& state) const noexcept {
     if (!has_kv && !state) return LoadRefusal::empty_load;
     if (!options_.role_loads) return LoadRefusal::role_cannot_load;
@@ -577,9 +577,9 @@ class OffloadIndex final : private detail::TicketSink {
     return LoadRefusal::none;
   }
 
-  LoadAdmission refuse(LoadRefusal why) noexcept {
+  LoadGrant refuse(LoadRefusal why) noexcept {
     ++stats_.refused;
-    return LoadAdmission(why);
+    return LoadGrant(why);
   }
 
   [[nodiscard]] std::uint32_t find_entry(LoadKey key) const noexcept {
@@ -596,7 +596,7 @@ class OffloadIndex final : private detail::TicketSink {
       return false;
     }
     if (entries_[e].orphaned) return false;  // R8: ends only by settle() or reclaim
-    forgotten_.push_back(key);  // capacity reserved at admission
+    forgotten_.push_back(key);  // capacity reserved at the grant
     resolve(e, kind, missing);
     return true;
   }

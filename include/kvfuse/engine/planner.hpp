@@ -52,7 +52,7 @@
 //      candidate has B <= hbm. The plan is the highest joint candidate, else the highest
 //      state-only candidate, for DSV4 and K3 alike: the state at B depends only on the
 //      tokens before B, wherever their KV sits, so a joint load may start at any
-//      block-aligned floor (DESIGN §9, 2026-12-01). A joint load always claims more than a
+//      block-aligned floor (docs/reference.md#any-floor). A joint load always claims more than a
 //      state-only one (B > hbm >= B'), so "prefer the load that claims more" and "prefer a
 //      joint load" are the same rule. With no plan the reason is, in this order:
 //      nothing_servable_above_hbm (no candidate above hbm), lookup_within_hbm

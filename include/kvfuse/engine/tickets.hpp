@@ -1,5 +1,5 @@
-// kvfuse/engine/tickets.hpp — the move-only claims an admission returns (R6): LoadTicket,
-// SaveTicket, and the Admission that holds one or says why there is none.
+// kvfuse/engine/tickets.hpp — the move-only claims a grant holds (R6): LoadTicket,
+// SaveTicket, and the Grant that holds one or says why there is none.
 //
 // A ticket is consumed by exactly one of dispatch() (which yields the plain data to ship
 // to every rank) or abandon(); destroyed unconsumed, it abandons itself. So a path that
@@ -24,7 +24,7 @@ namespace kvfuse {
 /// Why request_load refused. A refusal changes no counter but `refused`, no slot and no
 /// LRU order. Checked in this order; the first that applies is reported.
 enum class LoadRefusal : std::uint8_t {
-  none = 0,           ///< not refused (an admission)
+  none = 0,           ///< not refused (a grant)
   empty_load,         ///< neither a KV spec nor a state leg: nothing to load
   role_cannot_load,   ///< the configured role never loads (OffloadIndexOptions::role_loads is false)
   no_state_tier,      ///< a state leg, but there is no state tier (OffloadIndexOptions::state_tier)
@@ -55,7 +55,7 @@ constexpr std::string_view to_string(LoadRefusal r) noexcept {
 
 /// Why request_save refused. A refusal changes no counter but `saves_refused`.
 enum class SaveRefusal : std::uint8_t {
-  none = 0,        ///< not refused (an admission)
+  none = 0,        ///< not refused (a grant)
   out_of_memory,   ///< the index could not grow its save table; nothing changed
 };
 
@@ -227,21 +227,23 @@ class SaveTicket {
   Save save_{};
 };
 
-/// What request_load / request_save return: a ticket, or the reason there is none.
-/// Move-only. Dropping an admission whose ticket was not taken drops (and so abandons) the
-/// ticket. Not thread-safe: scheduler thread only, like the ticket it holds.
+/// What request_load / request_save return: a grant of a ticket, or the reason there is
+/// none. (A grant is the index's answer to one request for a ticket; an admission, in the
+/// Coordinator's words, is one admit..finish life of a request.) Move-only. Dropping a
+/// grant whose ticket was not taken drops (and so abandons) the ticket. Not thread-safe:
+/// scheduler thread only, like the ticket it holds.
 template <class Ticket, class Refusal>
-class [[nodiscard]] Admission {
+class [[nodiscard]] Grant {
  public:
   /// A refusal. noexcept.
-  explicit Admission(Refusal refusal) noexcept : refusal_(refusal) {}
-  /// An admission. noexcept.
-  explicit Admission(Ticket&& ticket) noexcept : ticket_(std::move(ticket)) {}
+  explicit Grant(Refusal refusal) noexcept : refusal_(refusal) {}
+  /// A ticket granted. noexcept.
+  explicit Grant(Ticket&& ticket) noexcept : ticket_(std::move(ticket)) {}
 
-  /// Whether a ticket was issued. noexcept.
-  [[nodiscard]] bool admitted() const noexcept { return refusal_ == Refusal::none; }
-  explicit operator bool() const noexcept { return admitted(); }
-  /// The refusal reason; Refusal::none when admitted. noexcept.
+  /// Whether a ticket was granted. noexcept.
+  [[nodiscard]] bool granted() const noexcept { return refusal_ == Refusal::none; }
+  explicit operator bool() const noexcept { return granted(); }
+  /// The refusal reason; Refusal::none when granted. noexcept.
   [[nodiscard]] Refusal refusal() const noexcept { return refusal_; }
   /// The ticket (empty when refused, or once taken). noexcept.
   [[nodiscard]] Ticket& ticket() noexcept { return ticket_; }
@@ -254,9 +256,9 @@ class [[nodiscard]] Admission {
 };
 
 /// What request_load returns.
-using LoadAdmission = Admission<LoadTicket, LoadRefusal>;
+using LoadGrant = Grant<LoadTicket, LoadRefusal>;
 /// What request_save returns.
 template <class Save>
-using SaveAdmission = Admission<SaveTicket<Save>, SaveRefusal>;
+using SaveGrant = Grant<SaveTicket<Save>, SaveRefusal>;
 
 }  // namespace kvfuse

@@ -109,7 +109,7 @@ class DiskTier {
     quarantine_ = detail::posix::UniqueFd(::openat(dir_.get(), quarantine.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!quarantine_.valid()) fail_open("has a quarantine entry that is not a usable directory", errno_code());
     // Distinguishes this object's temporary and quarantine names from any other's.
-    nonce_ = detail::mix64(static_cast<std::uint64_t>(::getpid()) ^
+    nonce_ = mix64(static_cast<std::uint64_t>(::getpid()) ^
                            static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
                            reinterpret_cast<std::uintptr_t>(this));
     scan();

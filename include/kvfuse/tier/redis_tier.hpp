@@ -54,6 +54,7 @@
 #include <kvfuse/error.hpp>
 #include <kvfuse/tier/detail/redis_connection.hpp>
 #include <kvfuse/tier/disk_format.hpp>
+#include <kvfuse/tier/redis_address.hpp>
 #include <kvfuse/tier/redis_tier_stats.hpp>
 #include <kvfuse/tier/tier.hpp>
 
@@ -72,6 +73,19 @@ struct RedisTierOptions {
   std::chrono::milliseconds connect_timeout{1000};
   std::chrono::milliseconds command_timeout{1000};
   std::size_t max_idle_connections = 16;  ///< pooled connections kept open (one per lane is enough)
+
+  /// Points these options at `address` (`HOST:PORT` or `unix:PATH`, read by
+  /// parse_redis_address): sets host and port and clears unix_socket, or sets unix_socket.
+  /// Throws Error(invalid_argument) quoting the address. Any thread; allocates.
+  RedisTierOptions& set_address(std::string_view address) {
+    RedisAddress a = parse_redis_address(address);
+    unix_socket = std::move(a.unix_socket);
+    if (unix_socket.empty()) {
+      host = std::move(a.host);
+      port = a.port;
+    }
+    return *this;
+  }
 };
 
 /// A tier in a redis-server (or a server speaking its protocol), shared by ranks and by

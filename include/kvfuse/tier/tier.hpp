@@ -141,7 +141,7 @@ concept BatchedTier = Tier<T> && requires(T& tier, const TierKey& first, std::sp
 template <>
 struct std::hash<kvfuse::TierKey> {
   std::size_t operator()(const kvfuse::TierKey& k) const noexcept {
-    using kvfuse::detail::mix64;
+    using kvfuse::mix64;
     return mix64(k.model ^ mix64(k.hash.value ^ mix64((std::uint64_t{k.world_size} << 40) ^
                                                        (std::uint64_t{k.rank} << 8) ^
                                                        static_cast<std::uint64_t>(k.kind))));

@@ -7,12 +7,15 @@
 // P/D transfer may still write them, and no save still reads them. The ledger keeps those
 // three facts per admission and emits one Freed the moment they all hold — exactly once,
 // because the admission leaves the books with it. Per request it keeps the live admission
-// and the save watermark, and it forgets the request with its last admission.
+// and the save watermark, and it forgets the request with its last admission. It also
+// knows which orphaned load holds which torn-down admission, and the loads torn down after
+// they had resolved (their resolution, still queued, must unpark nobody).
 //
 // Internal: the Coordinator's; scheduler thread only. Allocates when its tables grow.
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <unordered_map>
@@ -31,6 +34,7 @@ class AdmissionLedger {
   explicit AdmissionLedger(std::size_t expected) {
     admissions_.reserve(expected);
     requests_.reserve(expected);
+    loads_.reserve(expected);
   }
 
   /// A new admission of `request`, its live one from now on. Precondition: the request has
@@ -76,6 +80,36 @@ class AdmissionLedger {
   /// An orphaned load or a torn-down P/D transfer may still write the admission's blocks
   /// and slot (`held`), or no longer does.
   void hold_writer(AdmissionId id, bool held) { admissions_.at(id).writer_held = held; }
+
+  /// The orphaned load `key` may still write the torn-down admission `id`.
+  void hold_for_load(const LoadKey& key, AdmissionId id) {
+    loads_.emplace(key, id);
+    hold_writer(id, true);
+  }
+  /// The load `key` ended (settled or reclaimed). If it held a torn-down admission, that
+  /// one is written by nobody now and is freed if nothing else touches it; true then.
+  bool load_ended(const LoadKey& key) {
+    const auto it = loads_.find(key);
+    if (it == loads_.end()) return false;
+    const AdmissionId id = it->second;
+    loads_.erase(it);
+    hold_writer(id, false);
+    (void)free_if_idle(id);
+    return true;
+  }
+  /// Orphaned loads holding an admission now. O(1).
+  [[nodiscard]] std::size_t loads_holding() const noexcept { return loads_.size(); }
+
+  /// A load torn down after it had resolved: its resolution, still queued, unparks nobody.
+  void note_torn_down(const LoadKey& key) { torn_down_.push_back(key); }
+  /// Whether `key` was such a load (forgotten now: its resolution came).
+  bool forget_torn_down(const LoadKey& key) {
+    const auto it = std::find(torn_down_.begin(), torn_down_.end(), key);
+    if (it == torn_down_.end()) return false;
+    *it = torn_down_.back();
+    torn_down_.pop_back();
+    return true;
+  }
 
   /// One more save reads the admission's blocks or slot.
   void hold_source(AdmissionId id) { ++admissions_.at(id).sources_held; }
@@ -143,6 +177,8 @@ class AdmissionLedger {
 
   std::unordered_map<AdmissionId, Admission> admissions_;
   std::unordered_map<RequestId, RequestState> requests_;
+  std::unordered_map<LoadKey, AdmissionId> loads_;  // orphaned load -> the torn-down admission it may write
+  std::vector<LoadKey> torn_down_;                  // torn down after resolving; their resolution is still queued
   std::vector<Freed> freed_;  // due since the last take_freed
   std::uint64_t last_ = 0;
 };

@@ -1,4 +1,4 @@
-// The Engine (kvfuse's Coordinator, index, SingleRank and connector around llama.cpp
+// The Server (kvfuse's Coordinator, index, SingleRank, host kit and connector around llama.cpp
 // sequences) gives every request the bits a from-scratch computation gives, at the edges
 // of its grids: prompts that end on a chunk or a block boundary or one token past it,
 // outputs that cross a block or a chunk boundary (their KV and checkpoint are recomputed as
@@ -6,7 +6,7 @@
 // prefix cache. And every load settles, every block and slot comes back.
 #include <doctest/doctest.h>
 
-#include <kvfuse/llama/engine.hpp>
+#include <kvfuse/llama/server.hpp>
 
 #include "llama_test_support.hpp"
 
@@ -36,7 +36,7 @@ void serves_the_bits_of_a_recompute(const std::string& arch) {
   o.model_id = model_id_for(runner, chunk);
   o.max_request_tokens = 1000;
   o.num_blocks = 24;
-  E engine(runner, tier, o);
+  E server(runner, tier, o);
   const std::vector<Step> steps = {
       {chunk, 1},                        // ends on the chunk grid: the generation-end checkpoint is P itself
       {chunk + 44, block + 5},           // the output crosses a block and a chunk boundary
@@ -60,8 +60,8 @@ void serves_the_bits_of_a_recompute(const std::string& arch) {
       p.insert(p.end(), text.end() - static_cast<std::ptrdiff_t>(step.prompt), text.end());
     }
     const Served reference = compute_from_scratch(runner, p, step.output);
-    if (step.drop_cache) engine.drop_prefix_cache();
-    const Served served = engine.serve(p, step.output);
+    if (step.drop_cache) server.drop_prefix_cache();
+    const Served served = server.serve(p, step.output);
     CHECK_FALSE(served.resume_refused);
     CHECK(served.decoded.tokens == reference.decoded.tokens);
     CHECK(same_bits(served.decoded.first_logits, reference.decoded.first_logits));
@@ -70,24 +70,24 @@ void serves_the_bits_of_a_recompute(const std::string& arch) {
     previous = p;
     previous.insert(previous.end(), served.decoded.tokens.begin(), served.decoded.tokens.end());
   }
-  engine.drain();
+  server.drain();
   CHECK(from_tier > 0);
-  const EngineAudit audit = engine.audit();
+  const ServerAudit audit = server.audit();
   CHECK(audit.invariant_violations == 0);
   CHECK(audit.stranded_parked == 0);
   CHECK(audit.leaked_blocks == 0);
   CHECK(audit.leaked_slots == 0);
-  CHECK(engine.index_stats().saves_failed == 0);
+  CHECK(server.index_stats().saves_failed == 0);
 }
 
 }  // namespace
 
-TEST_CASE("llama engine: requests at the grids' edges get the bits of a recompute") {
-  serves_the_bits_of_a_recompute<DenseEngine<MemoryTier<>>>("llama");
+TEST_CASE("llama server: requests at the grids' edges get the bits of a recompute") {
+  serves_the_bits_of_a_recompute<DenseServer<MemoryTier<>>>("llama");
 }
-TEST_CASE("kimi-k3 engine: requests at the grids' edges get the bits of a recompute") {
-  serves_the_bits_of_a_recompute<KimiK3Engine<MemoryTier<>>>("kimi-k3");
+TEST_CASE("kimi-k3 server: requests at the grids' edges get the bits of a recompute") {
+  serves_the_bits_of_a_recompute<KimiK3Server<MemoryTier<>>>("kimi-k3");
 }
-TEST_CASE("deepseek4 engine: requests at the grids' edges get the bits of a recompute") {
-  serves_the_bits_of_a_recompute<DeepSeek4Engine<MemoryTier<>>>("deepseek4");
+TEST_CASE("deepseek4 server: requests at the grids' edges get the bits of a recompute") {
+  serves_the_bits_of_a_recompute<DeepSeek4Server<MemoryTier<>>>("deepseek4");
 }

@@ -1,10 +1,14 @@
-// kvfuse-replay: the rank process's side of ranks as processes (rank_process.hpp). The
-// model table instantiates serve_rank once per connector and tier type (models.cpp);
-// RankServer, the control channel's server, is the same for all (rank_process.cpp).
+// kvfuse-replay: the rank process's side of ranks as processes (rank_process.hpp): the
+// control channel's server and one rank process's life. The model table instantiates
+// serve_rank once per connector and tier type (models.cpp), as it instantiates RanksOf for
+// ranks as threads (ranks.hpp); RankServer is the same for all (rank_server.cpp). Nothing
+// here knows the model table or the engine's side.
 #pragma once
 
+#include "child_setup.hpp"
+#include "control_channel.hpp"
 #include "rank_memory.hpp"
-#include "rank_process.hpp"
+#include "rank_tier.hpp"
 #include "ranks.hpp"
 #include "tiers.hpp"
 
@@ -58,7 +62,7 @@ class RankServer {
   bool answer(const ControlHeader& h, std::span<const std::byte> payload);
   /// Control thread: runs `task` on the serving thread and waits for it.
   void on_serving_thread(const std::function<void()>& task);
-  /// Control thread: an operation on device memory (see rank_process.cpp for where it runs).
+  /// Control thread: an operation on device memory (see rank_server.cpp for where it runs).
   void on_memory(const std::function<void()>& op);
 
   ControlChannel& channel_;

@@ -1,5 +1,5 @@
 // kvfuse-llama: one model's runs. A workload is served twice — pass 1 with offload off
-// (every request computed from token 0 in a fresh context), pass 2 through a kvfuse Engine
+// (every request computed from token 0 in a fresh context), pass 2 through a kvfuse Server
 // over a tier — and every request's greedy tokens and first decode step's logits are
 // compared bit for bit. The controls tamper with the entry the first load of pass 2 is about
 // to read, to show that the comparison catches it. The time-to-first-token measurement
@@ -8,7 +8,7 @@
 
 #include "workload.hpp"
 
-#include <kvfuse/llama/engine.hpp>
+#include <kvfuse/llama/server.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -68,7 +68,7 @@ struct WorkloadRun {
   std::size_t resumes_refused = 0;
   std::string first_refusal;
   double seconds_off = 0, seconds_on = 0;
-  EngineAudit audit;
+  ServerAudit audit;
   std::uint64_t corrupted_loads = 0;  ///< loads whose restored sequence was refused, or gave other bits
   std::uint64_t compared = 0, two_pass_delta = 0;
   std::string first_difference;
@@ -118,29 +118,29 @@ inline std::size_t furthest_run(const SequenceCodec& codec) {
   return run;
 }
 
-/// Installs the control's hook on `engine`: it acts on the first load that has the leg it
+/// Installs the control's hook on `server`: it acts on the first load that has the leg it
 /// tampers with, and writes what it did into `done`.
 template <class E>
-void arm_control(E& engine, Control control, std::string& done) {
+void arm_control(E& server, Control control, std::string& done) {
   if (control == Control::none) return;
-  engine.set_load_hook([&engine, control, &done](const LoadRequest& r) {
+  server.set_load_hook([&server, control, &done](const LoadRequest& r) {
     if (!done.empty()) return;
-    const RankGeometry& g = engine.geometry();
-    const SequenceCodec& codec = engine.runner().codec();
+    const RankGeometry& g = server.geometry();
+    const SequenceCodec& codec = server.runner().codec();
     if (control == Control::flip_kv && r.kv && !r.kv->chunk_keys.empty()) {
       // Token hbm starts a granule (hbm is on the block grid): flip the exponent of the first
       // element of its furthest-reaching row, in the chunk the load reads first.
-      const TierKey key = engine.tier_key(r.kv->chunk_keys.front(), EntryKind::kv_chunk);
+      const TierKey key = server.tier_key(r.kv->chunk_keys.front(), EntryKind::kv_chunk);
       std::vector<std::byte> staging(g.chunk_bytes()), bytes;
       {
-        TierView view = engine.tier().get(key, staging);
+        TierView view = server.tier().get(key, staging);
         if (!view.hit()) return;
         bytes.assign(view.bytes().begin(), view.bytes().end());
       }
       const std::size_t run = furthest_run(codec);
       const std::size_t offset = (r.kv->hbm % g.chunk_tokens) * g.kv_bytes_per_token + codec.run_offset(run) + 1;
       bytes.at(offset) ^= std::byte{0x04};
-      if (!engine.tier().put(key, bytes)) return;
+      if (!server.tier().put(key, bytes)) return;
       done = "flipped byte " + std::to_string(offset) + " of the KV chunk holding token " + std::to_string(r.kv->hbm) +
              " (a row of token " + std::to_string(r.kv->hbm) + ") before the first load that reads it";
     }
@@ -149,7 +149,7 @@ void arm_control(E& engine, Control control, std::string& done) {
       // (with a sidecar that names this boundary): what a snapshot taken at the wrong place
       // would have saved.
       const TokenCount boundary = r.state->boundary_tokens;
-      const std::span<const llama_token> prompt = engine.current_prompt();
+      const std::span<const llama_token> prompt = server.current_prompt();
       // A later boundary where the prompt has one: llama.cpp takes a kimi-k3 state of a
       // later boundary without a word (only the logits tell), while one of an earlier
       // boundary makes the restored sequence end early, which the runner refuses.
@@ -157,7 +157,7 @@ void arm_control(E& engine, Control control, std::string& done) {
                                : boundary >= 2 * g.block_tokens           ? boundary - g.block_tokens
                                                                           : 0;
       if (other == 0) return;
-      Sequence sequence = engine.runner().start();
+      Sequence sequence = server.runner().start();
       sequence.prefill(prompt.first(other), false);
       std::vector<std::byte> slot(codec.slot_bytes()), entry;
       sequence.store_state(slot);
@@ -167,7 +167,7 @@ void arm_control(E& engine, Control control, std::string& done) {
         std::memcpy(entry.data(), &sidecar, sizeof sidecar);
       }
       entry.insert(entry.end(), slot.begin(), slot.end());
-      if (!engine.tier().put(engine.tier_key(r.state->boundary_hash, EntryKind::state), entry)) return;
+      if (!server.tier().put(server.tier_key(r.state->boundary_hash, EntryKind::state), entry)) return;
       done = "replaced the state entry of boundary " + std::to_string(boundary) + " with the state at token " +
              std::to_string(other) + " before the first load that reads it";
     }
@@ -176,7 +176,7 @@ void arm_control(E& engine, Control control, std::string& done) {
 
 }  // namespace detail
 
-/// Serves `w` twice through `runner` (pass 1 from scratch, pass 2 through an engine of type
+/// Serves `w` twice through `runner` (pass 1 from scratch, pass 2 through a server of type
 /// `E` over `tier`) and compares. `expected`, when given, holds outputs pass 2 must equal
 /// (another process's); mismatches there count in the caller's comparison, not here.
 template <class E, class T>
@@ -220,16 +220,16 @@ WorkloadRun run_workload(const SequenceRunner& runner, const Workload& w, const 
   o.snapshot_slots = settings.snapshot_slots;
   o.max_request_tokens = w.longest;
   o.checkpoints = settings.checkpoints;
-  E engine(runner, tier, o);
-  run.hashes_reseeded = engine.reseed_from_tier();
-  detail::arm_control(engine, settings.control, run.control);
+  E server(runner, tier, o);
+  run.hashes_reseeded = server.reseed_from_tier();
+  detail::arm_control(server, settings.control, run.control);
   std::vector<Served> served;
   const auto started = std::chrono::steady_clock::now();
   run.outputs = serve_all([&](const std::vector<llama_token>& prompt, const Turn& turn) {
-    served.push_back(engine.serve(prompt, turn.output_tokens));
+    served.push_back(server.serve(prompt, turn.output_tokens));
     return served.back();
   });
-  engine.drain();
+  server.drain();
   run.seconds_on = detail::seconds_between(started, std::chrono::steady_clock::now());
 
   for (std::size_t i = 0; i < served.size(); ++i) {
@@ -267,14 +267,14 @@ WorkloadRun run_workload(const SequenceRunner& runner, const Workload& w, const 
       }
     }
   }
-  const CoordinatorStats cs = engine.coordinator_stats();
-  const IndexStats is = engine.index_stats();
+  const CoordinatorStats cs = server.coordinator_stats();
+  const IndexStats is = server.index_stats();
   run.checkpoints_planned = cs.checkpoints_planned;
   run.checkpoints_saved = cs.checkpoints_saved;
   run.checkpoints_deduplicated = cs.checkpoints_deduplicated;
   run.saves_stored = is.saves_stored;
   run.saves_failed = is.saves_failed;
-  run.audit = engine.audit();
+  run.audit = server.audit();
   return run;
 }
 
@@ -312,26 +312,26 @@ TtftRow measure_ttft(const SequenceRunner& runner, TokenCount length, std::size_
   };
   {
     MemoryDiskTier tiers(std::size_t{1} << 30, dir);
-    E engine(runner, tiers.tier, o);
-    (void)engine.serve(prompt, 1);  // computes and saves
+    E server(runner, tiers.tier, o);
+    (void)server.serve(prompt, 1);  // computes and saves
     for (std::size_t i = 0; i < reps; ++i) {
-      engine.drop_prefix_cache();
-      const Served s = engine.serve(prompt, 1);
+      server.drop_prefix_cache();
+      const Served s = server.serve(prompt, 1);
       check(s);
       memory.push_back(s.ttft_seconds);
       memory_load.push_back(s.load_seconds);
       memory_rebuild.push_back(s.rebuild_seconds);
     }
-    engine.drain();
+    server.drain();
   }
   for (std::size_t i = 0; i < reps; ++i) {
     MemoryDiskTier tiers(std::size_t{1} << 30, dir);
-    E engine(runner, tiers.tier, o);
-    (void)engine.reseed_from_tier();
-    const Served s = engine.serve(prompt, 1);
+    E server(runner, tiers.tier, o);
+    (void)server.reseed_from_tier();
+    const Served s = server.serve(prompt, 1);
     check(s);
     disk.push_back(s.ttft_seconds);
-    engine.drain();
+    server.drain();
   }
   std::filesystem::remove_all(dir);
   row.recompute_ms = 1e3 * detail::median(recompute);

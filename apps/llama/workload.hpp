@@ -160,7 +160,7 @@ inline Workload read_trace(const TraceOptions& o, std::int32_t vocab) {
     Turn turn;
     const TokenCount prompt = (input * o.block_tokens + 511) / 512;
     for (TokenCount i = 0; i < prompt; ++i)
-      turn.tokens.push_back(token_from(kvfuse::detail::mix64(kvfuse::detail::mix64(hash_ids[i / o.block_tokens] + 0x74726163ULL) ^
+      turn.tokens.push_back(token_from(kvfuse::mix64(kvfuse::mix64(hash_ids[i / o.block_tokens] + 0x74726163ULL) ^
                                                              (i % o.block_tokens)),
                                        vocab));
     turn.output_tokens = std::clamp<std::size_t>((output * o.block_tokens + 511) / 512, 1, o.max_output);

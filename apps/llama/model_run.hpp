@@ -47,9 +47,9 @@ struct ModelResult {
   std::uint64_t expected_compared = 0, expected_delta = 0;
 };
 
-/// Runs every workload of one model on engines built by `EngineOf<Tier>`, over the tier
+/// Runs every workload of one model on servers built by `ServerOf<Tier>`, over the tier
 /// the options name (a fresh one per workload), then measures the time to first token.
-template <template <class> class EngineOf>
+template <template <class> class ServerOf>
 ModelResult run_model(const std::string& name, const SequenceRunner& runner, const std::vector<Workload>& workloads,
                       const Options& o, const std::filesystem::path& root) {
   ModelResult m;
@@ -62,19 +62,19 @@ ModelResult run_model(const std::string& name, const SequenceRunner& runner, con
       RedisTierOptions r = *o.redis_options;
       r.key_prefix += w.name + ":";  // each workload its keys; runs with the same prefix share them
       RedisTier tier(r);
-      m.runs.push_back(run_workload<EngineOf<RedisTier>>(runner, w, o.settings, tier));
+      m.runs.push_back(run_workload<ServerOf<RedisTier>>(runner, w, o.settings, tier));
       continue;
     }
 #endif
     const std::filesystem::path dir = root / (name + "-" + w.name);
     std::filesystem::create_directories(dir);
     MemoryDiskTier tiers(o.memory_bytes, dir);
-    m.runs.push_back(run_workload<EngineOf<TieredTier<MemoryTier<>, DiskTier>>>(runner, w, o.settings, tiers.tier));
+    m.runs.push_back(run_workload<ServerOf<TieredTier<MemoryTier<>, DiskTier>>>(runner, w, o.settings, tiers.tier));
   }
   for (const TokenCount length : o.ttft) {
     std::printf("%s: time to first token at %llu tokens ...\n", name.c_str(), static_cast<unsigned long long>(length));
     std::fflush(stdout);
-    m.ttft.push_back(measure_ttft<EngineOf<TieredTier<MemoryTier<>, DiskTier>>>(runner, length, o.ttft_reps, o.settings,
+    m.ttft.push_back(measure_ttft<ServerOf<TieredTier<MemoryTier<>, DiskTier>>>(runner, length, o.ttft_reps, o.settings,
                                                                                   root / (name + "-ttft")));
   }
   return m;

@@ -1,4 +1,4 @@
-// kvfuse-replay: one engine and its ranks replaying a workload, one pass (engine.cpp).
+// kvfuse-replay: one engine and its ranks replaying a workload, one pass (pass.cpp).
 #pragma once
 
 #include "faults.hpp"

@@ -1,10 +1,12 @@
-// kvfuse/testing/index_consistency.hpp — the full consistency walk of an OffloadIndex, for
-// tests only.
+// kvfuse/engine/index_consistency.hpp — the full consistency walk of an OffloadIndex: the
+// production audit an engine runs at the end of a run (host/audit.hpp does), and tests run
+// after every scenario.
 //
 // OffloadIndex::stats() audits its identities in O(1) on every read (R17); this walk is
-// the slow, thorough check behind it: every structure against every counter. It lives
-// here, behind the index's test hook, so the engine-facing class carries no O(everything)
-// member. Scheduler thread only; allocates; O(everything).
+// the slow, thorough check behind it: every structure against every counter. It lives in
+// its own header, behind the index's access hook, so the class an engine calls per step
+// carries no O(everything) member and no metrics path can reach it by accident.
+// Scheduler thread only; allocates; O(everything).
 #pragma once
 
 #include <string>
@@ -14,24 +16,24 @@
 
 namespace kvfuse {
 
-namespace testing {
-/// Result of testing::check_consistency(index).
+/// Result of check_consistency(index).
 struct ConsistencyReport {
   bool ok = true;
   std::string problem;        ///< the first inconsistency found; empty when ok
   std::uint64_t visited = 0;  ///< entries, nodes and table slots the walk visited
 };
 
+namespace detail {
 /// The tag through which the walk reaches the index's internals.
 struct ConsistencyWalk {};
-}  // namespace testing
+}  // namespace detail
 
 template <>
-struct detail::OffloadIndexAccess<testing::ConsistencyWalk> {
+struct detail::OffloadIndexAccess<detail::ConsistencyWalk> {
   template <class Index>
-  static testing::ConsistencyReport walk(const Index& ix) {
+  static ConsistencyReport walk(const Index& ix) {
     const std::uint64_t before = ix.walk_steps();
-    testing::ConsistencyReport rep;
+    ConsistencyReport rep;
     auto fail_with = [&](std::string what) {
       if (rep.ok) {
         rep.ok = false;
@@ -135,18 +137,16 @@ struct detail::OffloadIndexAccess<testing::ConsistencyWalk> {
   }
 };
 
-namespace testing {
-
 /// Walks every structure of `index` and checks it against the counters: the hash buckets
 /// and the LRU list agree, every outstanding entry is in the key table under its own key,
 /// every live load is the one its request maps to, no slot is held by two loads and every
 /// state-leg load (orphans included) holds its slot, the orphan and in-flight lists hold
 /// exactly their loads in time order, and every counter matches the entries. Each entry it
-/// visits counts in index.walk_steps(). For tests: O(everything), allocates.
+/// visits counts in index.walk_steps(). Scheduler thread; O(everything), allocates: an
+/// end-of-run audit, never a per-step call.
 template <class Clock>
 ConsistencyReport check_consistency(const OffloadIndex<Clock>& index) {
-  return detail::OffloadIndexAccess<ConsistencyWalk>::walk(index);
+  return detail::OffloadIndexAccess<detail::ConsistencyWalk>::walk(index);
 }
 
-}  // namespace testing
 }  // namespace kvfuse

@@ -1,7 +1,7 @@
 // kvfuse-llama: kvfuse inside a real engine. For each model (a dense llama, kimi-k3,
 // deepseek4: tiny seeded models run by llama.cpp on the CPU) it serves multi-turn
 // conversations with shared system prompts and the first requests of the shipped trace
-// twice — offload off, then through a kvfuse Engine over a memory+disk tier (or a Redis
+// twice — offload off, then through a kvfuse Server over a memory+disk tier (or a Redis
 // server) — and checks that every request's greedy tokens and first decode step's logits
 // are the same bits. It reports the reuse, the loads and the numbers that must be zero as
 // kvfuse-replay does, and measures the time to first token of a tier hit against a
@@ -20,12 +20,15 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <common/app_support.hpp>
+#include <common/command_line.hpp>
 
 namespace {
 
@@ -199,10 +202,9 @@ void compare_expected(std::vector<ModelResult>& models, const nlohmann::json& ex
     }
 }
 
-int usage_error(const CLI::App& app, const std::string& message) {
-  std::fprintf(stderr, "kvfuse-llama: %s\n\n%s", message.c_str(), app.help().c_str());
-  return 2;
-}
+constexpr std::string_view program = "kvfuse-llama";
+
+int usage_error(const CLI::App& app, const std::string& message) { return kvfuse_apps::usage_error(app, program, message); }
 
 }  // namespace
 
@@ -246,14 +248,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_out, "write the report as JSON to FILE");
   app.add_option("--outputs-out", outputs_out, "write pass 2's tokens and logits to FILE");
   app.add_option("--outputs-expected", outputs_expected, "pass 2's outputs must equal FILE's (another run's), bit for bit")->check(CLI::ExistingFile);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return 0;
-  } catch (const CLI::ParseError& e) {
-    return usage_error(app, e.what());
-  }
+  if (const std::optional<int> status = kvfuse_apps::parse_or_usage(app, program, argc, argv)) return *status;
 
   if (reply[0] > reply[1]) return usage_error(app, "--reply-tokens: MIN " + std::to_string(reply[0]) + " is above MAX " + std::to_string(reply[1]));
   o.conversations.min_reply = reply[0];
@@ -287,27 +282,16 @@ int main(int argc, char** argv) {
 #if KVFUSE_LLAMA_WITH_REDIS
   if (o.tier == "redis") {
     if (o.redis.empty()) return usage_error(app, "--tier redis: needs --redis unix:PATH or HOST:PORT");
-    RedisTierOptions r;
-    if (o.redis.starts_with("unix:")) {
-      r.unix_socket = o.redis.substr(5);
-    } else {
-      const auto colon = o.redis.rfind(':');
-      try {
-        if (colon == std::string::npos) throw std::invalid_argument("no port");
-        r.host = o.redis.substr(0, colon);
-        r.port = std::stoi(o.redis.substr(colon + 1));
-      } catch (const std::exception&) {
-        return usage_error(app, "--redis: \"" + o.redis + "\" is neither unix:PATH nor HOST:PORT");
-      }
-    }
-    r.key_prefix = o.key_prefix;
-    r.ttl = std::chrono::minutes(30);  // a run leaves nothing behind in a shared server for long
     try {
+      RedisTierOptions r;
+      r.set_address(o.redis);
+      r.key_prefix = o.key_prefix;
+      r.ttl = std::chrono::minutes(30);  // a run leaves nothing behind in a shared server for long
       RedisTier probe(r);  // a bad address or prefix is a usage error, before anything runs
+      o.redis_options = r;
     } catch (const kvfuse::Error& e) {
       return usage_error(app, std::string("--redis: ") + e.what());
     }
-    o.redis_options = r;
   }
 #else
   if (o.tier == "redis") return usage_error(app, "--tier redis: this kvfuse-llama was built without hiredis (apt-get install libhiredis-dev)");

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "apps", "common"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from redis_server import redis_server  # noqa: E402
 
 ZEROS = ["invariant_violations", "corrupted_loads", "stranded_parked", "leaked_slots", "two_pass_delta"]
@@ -154,6 +154,7 @@ def usage(binary):
         (["--ttft", "300"], "300"),
         (["--ubatch", "48"], "48"),
         (["--tier", "redis"], "--redis"),
+        (["--tier", "redis", "--redis", "localhost:6379x"], "--redis: kvfuse: invalid_argument: redis address 'localhost:6379x' has a port that is not a decimal number"),
         (["--passes", "1", "--control", "flip-kv"], "--passes 2"),
         (["--checkpoints", "sometimes"], "sometimes"),
         (["--model", "llama", "--control", "wrong-boundary", "--ttft", "none", "--workload", "conversations",
