@@ -325,6 +325,7 @@ class RedisClusterTier {
     std::size_t item;
     Target target;
   };
+  using Groups = std::vector<std::pair<Target, std::vector<std::size_t>>>;
 
   static TierKey with_hash(TierKey k, PrefixHash h) noexcept {
     k.hash = h;
@@ -528,21 +529,33 @@ class RedisClusterTier {
     return refresh_from_seeds(nullptr);
   }
 
+  // What an item has already been given: each at most once, so a call ends within four
+  // rounds (in steady state it is one).
+  enum Spent : std::uint8_t { redirected = 1, fresh_connection = 2, rerouted = 4 };
+
   // The routed exchange under every call: item i (of `count`) has key key_of(i), its
   // command formatted by format(cmd, i); its final reply goes to on_reply(i, reply), or
-  // on_lost(i, io) if none came. Round one sends each item to the primary of its slot;
-  // items that were redirected (MOVED, ASK) or met a stale pooled connection go once more,
-  // in round two, to the node named. Every touched node of a round is one exchange, all
-  // of a round's exchanges run at once. The callbacks must not throw.
+  // on_lost(i, io) if none came. The first round sends each item to the primary of its
+  // slot. An item goes once more, in a later round, when it was redirected (MOVED: to the
+  // node named, the map patched; ASK: there with ASKING), when its pooled connection was
+  // stale (on a fresh one), or when its node refused or dropped it (to the slot's owner in
+  // the map learnt right then, if that is another node: a promoted replica). Every touched
+  // node of a round is one exchange, all of a round's exchanges run at once. The callbacks
+  // must not throw.
   template <class KeyOf, class Format, class OnReply, class OnLost>
   void route(std::size_t count, KeyOf&& key_of, Format&& format, OnReply&& on_reply, OnLost&& on_lost) const noexcept {
-    std::vector<Retry> retries;
-    std::vector<std::pair<Target, std::vector<std::size_t>>> groups;
+    std::vector<std::uint8_t> spent;
+    std::vector<std::uint16_t> slots;
+    std::vector<Retry> next, unreachable;
+    Groups groups;
     bool want_map = false;
     try {
+      spent.assign(count, 0);
+      slots.resize(count);
       const std::shared_ptr<const SlotMap> map = current_map();
       for (std::size_t i = 0; i < count; ++i) {
-        Node* owner = map->owner[slot_of(key_of(i))];
+        slots[i] = slot_of(key_of(i));
+        Node* owner = map->owner[slots[i]];
         if (owner == nullptr) {
           clusterdown_.fetch_add(1, std::memory_order_relaxed);  // no primary serves the slot (yet)
           want_map = true;
@@ -555,23 +568,44 @@ class RedisClusterTier {
       for (std::size_t i = 0; i < count; ++i) on_lost(i, Io::failed);  // nothing was sent
       return;
     }
-    want_map |= run_round(groups, &retries, format, on_reply, on_lost);
-    if (!retries.empty()) {
+    for (int round = 0; !groups.empty(); ++round) {
+      next.clear();
+      unreachable.clear();
+      want_map |= run_round(groups, spent, next, unreachable, format, on_reply, on_lost);
+      if (!unreachable.empty()) {
+        // The node is gone (killed, or failed over): ask the others who serves its slots now.
+        (void)refresh_map(true);
+        want_map = false;
+        const std::shared_ptr<const SlotMap> map = current_map();
+        for (const Retry& r : unreachable) {
+          Node* owner = map->owner[slots[r.item]];
+          if (owner != nullptr && owner != r.target.node) {
+            spent[r.item] |= rerouted;
+            try {
+              next.push_back(Retry{r.item, Target{owner, false, false}});
+              continue;
+            } catch (...) {
+            }
+          }
+          on_lost(r.item, Io::failed);
+        }
+      }
       groups.clear();
       bool grouped = true;
       try {
-        for (const Retry& r : retries) add_to(groups, r.target, r.item);
+        for (const Retry& r : next) add_to(groups, r.target, r.item);
       } catch (...) {
         grouped = false;
       }
-      if (grouped) want_map |= run_round(groups, nullptr, format, on_reply, on_lost);
-      else
-        for (const Retry& r : retries) on_lost(r.item, Io::failed);
+      if (!grouped) {
+        for (const Retry& r : next) on_lost(r.item, Io::failed);
+        break;
+      }
     }
     if (want_map) (void)refresh_map(false);
   }
 
-  static void add_to(std::vector<std::pair<Target, std::vector<std::size_t>>>& groups, Target t, std::size_t i) {
+  static void add_to(Groups& groups, Target t, std::size_t i) {
     for (auto& [target, items] : groups)
       if (target == t) {
         items.push_back(i);
@@ -580,12 +614,13 @@ class RedisClusterTier {
     groups.emplace_back(t, std::vector<std::size_t>{i});
   }
 
-  // One round: every group's commands on its node's connection, then every reply. Items
-  // to go again are appended to `retries` (null on the last round: a redirection there
-  // fails the item). Returns whether a new map is wanted.
+  // One round: every group's commands on its node's connection, then every reply. Items to
+  // go again go to `next` (a redirection, a stale connection) or `unreachable` (a node that
+  // refused or dropped them), each at most once per kind (`spent`); the rest settle here.
+  // Returns whether a new map is wanted.
   template <class Format, class OnReply, class OnLost>
-  bool run_round(const std::vector<std::pair<Target, std::vector<std::size_t>>>& groups, std::vector<Retry>* retries,
-                 Format& format, OnReply& on_reply, OnLost& on_lost) const noexcept {
+  bool run_round(const Groups& groups, std::vector<std::uint8_t>& spent, std::vector<Retry>& next,
+                 std::vector<Retry>& unreachable, Format& format, OnReply& on_reply, OnLost& on_lost) const noexcept {
     bool want_map = false;
     std::vector<detail::redis::Leg> legs;
     try {
@@ -595,6 +630,17 @@ class RedisClusterTier {
         for (const std::size_t i : g.second) on_lost(i, Io::failed);
       return false;
     }
+    // An item whose node failed it: kept for a reroute if it has not had one.
+    auto failed_on = [&](std::size_t i, const Target& target, Io io) noexcept {
+      if (io == Io::failed && (spent[i] & rerouted) == 0) {
+        try {
+          unreachable.push_back(Retry{i, target});
+          return;
+        } catch (...) {
+        }
+      }
+      on_lost(i, io);
+    };
     // Every connection first: a new one to a frozen node waits out its PING, and the
     // round's deadline must not run for the others meanwhile.
     for (std::size_t l = 0; l < groups.size(); ++l) {
@@ -605,7 +651,7 @@ class RedisClusterTier {
       (failure == Io::timed_out ? target.node->timeouts : target.node->failures).fetch_add(1, std::memory_order_relaxed);
       target.node->suspect.store(true, std::memory_order_relaxed);
       want_map = true;
-      for (const std::size_t i : items) on_lost(i, failure);
+      for (const std::size_t i : items) failed_on(i, target, failure);
     }
     const auto deadline = detail::redis::Clock::now() + options_.command_timeout;
     for (std::size_t l = 0; l < groups.size(); ++l) {
@@ -654,14 +700,15 @@ class RedisClusterTier {
             if (r.kind != detail::redis::Redirect::none) to = node_at(r.to);
           } catch (...) {
           }
-          if (retries == nullptr || to == nullptr) {
+          if ((spent[i] & redirected) != 0 || to == nullptr) {
             redirect_failures_.fetch_add(1, std::memory_order_relaxed);
             on_lost(i, Io::failed);
             return;
           }
+          spent[i] |= redirected;
           if (moved) patch_map(r.slot, to);
           try {
-            retries->push_back(Retry{i, Target{to, !moved, false}});
+            next.push_back(Retry{i, Target{to, !moved, false}});
           } catch (...) {
             on_lost(i, Io::failed);
           }
@@ -693,17 +740,25 @@ class RedisClusterTier {
       leg.conn->broken = true;
       target.node->pool.give(std::move(leg.conn));  // closes it
       std::size_t first_lost = target.asking ? leg.received / 2 : leg.received;
-      if (stale && retries != nullptr && !target.fresh) {
+      if (stale) {
         target.node->pool.drop_idle();
-        try {
-          for (; first_lost < items.size(); ++first_lost) retries->push_back(Retry{items[first_lost], Target{target.node, target.asking, true}});
-        } catch (...) {
+        for (; first_lost < items.size(); ++first_lost) {
+          const std::size_t i = items[first_lost];
+          if ((spent[i] & fresh_connection) != 0) break;
+          spent[i] |= fresh_connection;
+          try {
+            next.push_back(Retry{i, Target{target.node, target.asking, true}});
+          } catch (...) {
+            on_lost(i, Io::failed);
+          }
         }
+        if (first_lost == items.size()) continue;
       }
       (leg.io == Io::timed_out ? target.node->timeouts : target.node->failures).fetch_add(1, std::memory_order_relaxed);
       target.node->suspect.store(true, std::memory_order_relaxed);
       want_map = true;
-      for (; first_lost < items.size(); ++first_lost) on_lost(items[first_lost], leg.io == Io::ok ? Io::failed : leg.io);
+      for (; first_lost < items.size(); ++first_lost)
+        failed_on(items[first_lost], target, leg.io == Io::ok ? Io::failed : leg.io);
     }
     return want_map;
   }
