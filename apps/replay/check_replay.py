@@ -19,6 +19,11 @@
   check_replay.py redis REPLAY          --tier redis against a redis-server started here (unix
                                         socket in a temporary directory): the five zeros, and
                                         one round trip per KV load
+  check_replay.py cluster REPLAY        --tier redis-cluster against a 3-primary, 3-replica cluster
+                                        started here, a primary SIGKILLed once the offload-on
+                                        pass has stored entries: the five zeros on both passes,
+                                        the kill hit the run (failed gets or puts counted), the
+                                        tier served loads
   check_replay.py processes REPLAY      the faults test with --ranks-as processes: the five zeros,
                                         the kill fault killed a rank process mid-load and the
                                         engine saw it, tore down the running admissions and got
@@ -38,6 +43,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from redis_cluster import redis_cluster  # noqa: E402
 from redis_server import redis_server  # noqa: E402
 
 ZEROS = ["invariant_violations", "corrupted_bytes", "stranded_parked", "leaked_slots", "two_pass_delta"]
@@ -443,8 +449,59 @@ def redis(replay):
             print(f"{name}: {loads} KV loads, {reads} KV round trips for {chunks} chunks; {server} round trips in all")
 
 
+def cluster(replay):
+    with redis_cluster() as c, tempfile.TemporaryDirectory() as tmp:
+        out, metrics, log = (os.path.join(tmp, name) for name in ("report.json", "metrics.prom", "stdout.txt"))
+        args = [replay, "--tier", "redis-cluster:" + c.seeds(), "--model", "dense,k3", "--sessions", "12", "--turns", "5",
+                "--ranks", "4", "--blocks", "240", "--two-pass", "--json", out, "--metrics-out", metrics, *fast_dir()]
+        with open(log, "w") as stdout:
+            proc = subprocess.Popen(args, stdout=stdout, stderr=subprocess.STDOUT)
+            try:
+                # Entries in the cluster: the first offload-on pass is running. Kill a primary under it.
+                while c.keys_held() < 100 and proc.poll() is None:
+                    time.sleep(0.05)
+                if proc.poll() is not None:
+                    fail("the replay ended before the cluster held 100 entries: no primary was killed mid-run")
+                victim = c.primaries()[0]
+                c.kill(victim)
+                print(f"killed the primary on port {victim} with {c.keys_held()} entries in the others")
+                rc = proc.wait(timeout=1200)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        with open(log) as f:
+            print(f.read())
+        if rc != 0:
+            fail(f"exit status {rc}, expected 0")
+        with open(out) as f:
+            report = json.load(f)
+        with open(metrics) as f:
+            text = f.read()
+        check_zeros(report, True)
+        for name, m in report["models"].items():
+            if m["reused_tokens"]["tier"] == 0:
+                fail(f"{name}: nothing came back from the cluster")
+
+        def total(family):
+            return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith(family + "{") and 'tier="redis-cluster"' in line)
+        lost = total("kvfuse_tier_get_failures_total") + total("kvfuse_tier_put_failures_total") + \
+            total("kvfuse_tier_timeouts_total")
+        if lost == 0:
+            fail("no get or put failed: the killed primary never touched the run")
+        tiers = [line for line in text.splitlines()
+                 if line.startswith("kvfuse_tier_map_refreshes_total{") and 'tier="redis-cluster"' in line]
+        if total("kvfuse_tier_map_refreshes_total") <= len(tiers):  # each tier learnt its first map
+            fail("no rank's tier learnt a second map: the promoted replica was never found")
+        if total("kvfuse_tier_rejected_total") != 0:
+            fail("values were rejected")
+        print(f"{int(lost)} gets and puts failed around the kill; "
+              f"{int(total('kvfuse_tier_map_refreshes_total'))} maps learnt; the five zeros held")
+
+
 if __name__ == "__main__":
     what, replay_bin, *rest = sys.argv[1:]
     {"faults": faults, "trace": trace, "bound": bound, "hybrid": hybrid, "usage": usage,
-     "redis": redis, "processes": processes, "modes": modes}[what](replay_bin, *rest)
+     "redis": redis, "cluster": cluster, "processes": processes, "modes": modes}[what](replay_bin, *rest)
     print("ok")
