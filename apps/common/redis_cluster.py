@@ -40,9 +40,10 @@ def _free_ports(n):
 
 
 class Cluster:
-    def __init__(self, cli, nodes):
+    def __init__(self, cli, nodes, primary_count):
         self.cli = cli
         self.nodes = nodes  # [(port, Popen, dir)]
+        self.primary_count = primary_count
 
     def seeds(self):
         """Every node's address, comma-separated."""
@@ -73,8 +74,17 @@ class Cluster:
                 proc.wait()
 
     def converged(self):
-        """Every live node says cluster_state:ok."""
-        return all("cluster_state:ok" in self.command(port, "CLUSTER", "INFO") for port, _ in self.alive())
+        """Every live node says cluster_state:ok, as many live nodes are primaries as the
+        cluster was made with (after a kill: the replica was promoted), and every live
+        replica's link to its primary is up (a replica still in its handshake could not be
+        promoted)."""
+        for port, _ in self.alive():
+            if "cluster_state:ok" not in self.command(port, "CLUSTER", "INFO"):
+                return False
+            role = self.command(port, "ROLE").splitlines()
+            if role[:1] == ["slave"] and role[3:4] != ["connected"]:
+                return False
+        return len(self.primaries()) == self.primary_count
 
     def wait_converged(self, what, timeout_s=60.0):
         deadline = time.monotonic() + timeout_s
@@ -101,7 +111,7 @@ def redis_cluster(primaries=3, replicas=1, node_timeout_ms=1000):
                                          "--dir", d, "--logfile", os.path.join(d, "redis.log")],
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 nodes.append((port, proc, d))
-            cluster = Cluster(cli, nodes)
+            cluster = Cluster(cli, nodes, primaries)
             for port, proc, _ in nodes:
                 deadline = time.monotonic() + 10
                 while cluster.command(port, "PING") != "PONG":

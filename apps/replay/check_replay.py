@@ -408,6 +408,10 @@ def usage(replay, path):
             (["--snapshot-slots", "-1"], "--snapshot-slots"),
             (["--tier", "redis", "--redis", "localhost"], "--redis: kvfuse: invalid_argument: redis address 'localhost' has no port"),
             (["--tier", "redis", "--redis", "localhost:65536"], "'localhost:65536' has a port outside"),
+            (["--tier", "redis-cluster"], "--tier redis-cluster: needs its seeds"),
+            (["--tier", "redis-cluster:localhost"], "redis address 'localhost' has no port"),
+            (["--tier", "redis-cluster:127.0.0.1:1,"], "redis address '' has no port"),
+            (["--tier", "redis-clusters:x"], "redis-clusters:x"),
         ]
         for args, needle in cases:
             proc = subprocess.run([replay, *args, "--json", json_out], capture_output=True, text=True, timeout=60)
@@ -450,9 +454,9 @@ def redis(replay):
 
 
 def cluster(replay):
-    with redis_cluster() as c, tempfile.TemporaryDirectory() as tmp:
+    with redis_cluster(node_timeout_ms=500) as c, tempfile.TemporaryDirectory() as tmp:
         out, metrics, log = (os.path.join(tmp, name) for name in ("report.json", "metrics.prom", "stdout.txt"))
-        args = [replay, "--tier", "redis-cluster:" + c.seeds(), "--model", "dense,k3", "--sessions", "12", "--turns", "5",
+        args = [replay, "--tier", "redis-cluster:" + c.seeds(), "--model", "dense,k3,dsv4", "--sessions", "40", "--turns", "5",
                 "--ranks", "4", "--blocks", "240", "--two-pass", "--json", out, "--metrics-out", metrics, *fast_dir()]
         with open(log, "w") as stdout:
             proc = subprocess.Popen(args, stdout=stdout, stderr=subprocess.STDOUT)
@@ -464,8 +468,15 @@ def cluster(replay):
                     fail("the replay ended before the cluster held 100 entries: no primary was killed mid-run")
                 victim = c.primaries()[0]
                 c.kill(victim)
+                killed_at = time.monotonic()
                 print(f"killed the primary on port {victim} with {c.keys_held()} entries in the others")
+                c.wait_converged("the replica's promotion")
+                promoted_at = time.monotonic()
+                running = proc.poll() is None
                 rc = proc.wait(timeout=1200)
+                print(f"the cluster converged {promoted_at - killed_at:.1f} s after the kill, "
+                      f"{'with the replay still running' if running else 'after the replay ended'}; "
+                      f"the replay ended {time.monotonic() - killed_at:.1f} s after the kill")
             finally:
                 if proc.poll() is None:
                     proc.kill()
