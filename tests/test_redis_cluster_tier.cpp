@@ -280,7 +280,18 @@ TEST_CASE("redis cluster tier: a slot migrated while loads run takes ASK then MO
 
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> wrong{0}, hits{0}, loads{0};
-  std::thread loader([&] {
+  // Stopped and joined however the case ends (a failed REQUIRE throws past the join below).
+  struct Joiner {
+    std::atomic<bool>& stop;
+    std::thread& thread;
+    ~Joiner() {
+      stop = true;
+      if (thread.joinable()) thread.join();
+    }
+  };
+  std::thread loader;
+  const Joiner joiner{stop, loader};
+  loader = std::thread([&] {
     RedisClusterTier own(cluster.options("{migrating}:"));  // a second engine's tier
     while (!stop.load()) {
       std::vector<TierView> views(n);
