@@ -31,33 +31,34 @@ struct RouteCounters {
   std::atomic<std::uint64_t> moved{0}, asks{0}, tryagain{0}, clusterdown{0}, redirect_failures{0};
 };
 
-// Where one key goes in a round.
-struct Target {
-  ClusterNode* node = nullptr;
-  bool asking = false;  // ASKING before the command (an ASK retry)
-  bool fresh = false;   // a new connection (the pooled one was stale)
-  friend bool operator==(const Target&, const Target&) = default;
-};
-struct Retry {
-  std::size_t item;
-  Target target;
-};
-using Groups = std::vector<std::pair<Target, std::vector<std::size_t>>>;
-
 /// Routes calls over one ClusterMap. Any thread may route at once; it holds no lock of its
 /// own (the map's are never held across I/O).
 class ClusterRouter {
+ private:
+  // What an item has already been given: each at most once, so a call ends within four
+  // rounds (in steady state it is one).
+  enum Spent : std::uint8_t { redirected = 1, fresh_connection = 2, rerouted = 4 };
+
+  // Where one key goes in a round.
+  struct Target {
+    ClusterNode* node = nullptr;
+    bool asking = false;  // ASKING before the command (an ASK retry)
+    bool fresh = false;   // a new connection (the pooled one was stale)
+    friend bool operator==(const Target&, const Target&) = default;
+  };
+  struct Retry {
+    std::size_t item;
+    Target target;
+  };
+  using Groups = std::vector<std::pair<Target, std::vector<std::size_t>>>;
+
  public:
   /// Routes over `map`, each round waiting at most `command_timeout`, counting in
   /// `counters`; both must outlive the router.
   ClusterRouter(ClusterMap& map, std::chrono::milliseconds command_timeout, RouteCounters& counters) noexcept
       : map_(map), command_timeout_(command_timeout), counters_(counters) {}
 
-  // What an item has already been given: each at most once, so a call ends within four
-  // rounds (in steady state it is one).
-  enum Spent : std::uint8_t { redirected = 1, fresh_connection = 2, rerouted = 4 };
-
-  // The routed exchange under every call: item i (of `count`) is in slot slot_of(i), its
+  /// The routed exchange under every call: item i (of `count`) is in slot slot_of(i), its
   // command formatted by format(cmd, i); its final reply goes to on_reply(i, reply), or
   // on_lost(i, io) if none came. The first round sends each item to the primary of its
   // slot. An item goes once more, in a later round, when it was redirected (MOVED: to the
@@ -71,6 +72,7 @@ class ClusterRouter {
     std::vector<std::uint8_t> spent;
     std::vector<std::uint16_t> slots;
     std::vector<Retry> next, unreachable;
+    std::vector<std::size_t> unowned;
     Groups groups;
     bool want_map = false;
     try {
@@ -79,20 +81,19 @@ class ClusterRouter {
       const std::shared_ptr<const SlotMap> map = map_.current();
       for (std::size_t i = 0; i < count; ++i) {
         slots[i] = slot_of(i);
-        ClusterNode* owner = map->owner[slots[i]];
-        if (owner == nullptr) {
-          counters_.clusterdown.fetch_add(1, std::memory_order_relaxed);  // no primary serves the slot (yet)
-          want_map = true;
-          on_lost(i, Io::failed);
-          continue;
-        }
-        add_to(groups, Target{owner, false, false}, i);
+        if (ClusterNode* owner = map->owner[slots[i]]; owner != nullptr) add_to(groups, Target{owner, false, false}, i);
+        else unowned.push_back(i);
       }
     } catch (...) {
-      for (std::size_t i = 0; i < count; ++i) on_lost(i, Io::failed);  // nothing was sent
+      for (std::size_t i = 0; i < count; ++i) on_lost(i, Io::failed);  // nothing was sent, nothing settled
       return;
     }
-    for (int round = 0; !groups.empty(); ++round) {
+    for (const std::size_t i : unowned) {
+      counters_.clusterdown.fetch_add(1, std::memory_order_relaxed);  // no primary serves the slot (yet)
+      want_map = true;
+      on_lost(i, Io::failed);
+    }
+    while (!groups.empty()) {
       next.clear();
       unreachable.clear();
       want_map |= run_round(groups, spent, next, unreachable, format, on_reply, on_lost);
@@ -129,6 +130,7 @@ class ClusterRouter {
     if (want_map) (void)map_.refresh(false);
   }
 
+ private:
   static void add_to(Groups& groups, Target t, std::size_t i) {
     for (auto& [target, items] : groups)
       if (target == t) {
@@ -287,7 +289,6 @@ class ClusterRouter {
     return want_map;
   }
 
- private:
   ClusterMap& map_;
   std::chrono::milliseconds command_timeout_;
   RouteCounters& counters_;
