@@ -74,7 +74,8 @@ TEST_CASE("R1 a successful joint load emits exactly one ok record") {
   RecordingEmitter out;
   load_task(joint_request(), out, Path::success);
   REQUIRE(out.loads.size() == 1);
-  CHECK(out.loads[0] == CompletionRecord{key, 3, KvOutcome::ok, StateOutcome::restored, Reason::none, Reason::none});
+  // Its one chunk restored: what a salvage could resume from if the state had failed.
+  CHECK(out.loads[0] == CompletionRecord{key, 3, KvOutcome::ok, StateOutcome::restored, Reason::none, Reason::none, 1});
   CHECK(record_ok(out.loads[0]));
   CHECK(out.stores.empty());
 }

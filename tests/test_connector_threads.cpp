@@ -105,6 +105,27 @@ TEST_CASE("R9 in a joint load the two legs run at the same time") {
   CHECK(rank.log.loads[0].state == StateOutcome::restored);
 }
 
+TEST_CASE("R2 salvage: the record says how many chunks the KV leg restored, all of them when it succeeded") {
+  LoadRequest three = joint_request(7);
+  const RankGeometry g = small_geometry(0, 1);
+  three.kv = KvSpec{0, 3 * g.chunk_tokens, chunk_keys(7, 3), block_range(0, 12)};
+  ScriptedRank failing(ScriptedKv{[] { return KvVerdict{false, Reason::kv_chunk_missing, 2}; }}, ScriptedState{});
+  failing.conn.load(three);
+  REQUIRE(failing.wait_records(1));
+  CHECK(failing.log.loads[0].kv == KvOutcome::failed);
+  CHECK(failing.log.loads[0].kv_restored == 2);
+  ScriptedRank whole(ScriptedKv{}, ScriptedState{});
+  whole.conn.load(three);
+  REQUIRE(whole.wait_records(1));
+  CHECK(whole.log.loads[0].kv == KvOutcome::ok);
+  CHECK(whole.log.loads[0].kv_restored == 3);
+  // A KV leg that throws restored nothing anyone can count on.
+  ScriptedRank throwing(ScriptedKv{[]() -> KvVerdict { throw std::runtime_error("leg"); }}, ScriptedState{});
+  throwing.conn.load(three);
+  REQUIRE(throwing.wait_records(1));
+  CHECK(throwing.log.loads[0].kv_restored == 0);
+}
+
 TEST_CASE("R9 the record is emitted only after both legs finished") {
   Gate kv_done, release_state;
   ScriptedRank rank(ScriptedKv{[&] {
@@ -856,12 +877,16 @@ TEST_CASE("PagedKv retrieve reports a per-chunk mask - the KV leg is ok only if 
   CHECK(as_vector(r.mask) == std::vector<std::uint8_t>{1, 2, 0});  // stops at the hole (2: missed) in the prefix
   CHECK(r.reason == Reason::kv_chunk_missing);
   CHECK_FALSE(r.complete());
-  CHECK_FALSE(leg.load(spec, lane).ok);
+  CHECK(r.restored() == 1);  // salvage: the leading run in its blocks
+  const KvVerdict partial = leg.load(spec, lane);
+  CHECK_FALSE(partial.ok);
+  CHECK(partial.restored == 1);
 
   put_chunk(1);
   r = leg.retrieve(spec, lane);
   CHECK(as_vector(r.mask) == std::vector<std::uint8_t>{1, 1, 1});
   CHECK(r.complete());
+  CHECK(r.restored() == 3);
   CHECK(leg.load(spec, lane).ok);
   CHECK(pools.block(BlockId{11})[0] == std::byte{3});  // chunk 2 landed in its last block
 

@@ -22,9 +22,12 @@
 #include <kvfuse/engine/index_consistency.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
+#include <stdexcept>
+#include <utility>
 #include <vector>
 
 using namespace kvfuse;
@@ -46,6 +49,7 @@ struct Owed {
   LoadKey load;
   SaveKey save;
   SavePhase phase = SavePhase::released;
+  std::uint32_t chunks = 0;  ///< a load's KV chunks: what an ok record restored
 };
 
 /// Captures what the coordinator ships; the simulated ranks owe one record per load and two
@@ -55,17 +59,23 @@ struct SimTransport {
   std::set<std::uint32_t>* dead = nullptr;
   std::mt19937_64* rng = nullptr;
   std::uint64_t drops = 0;
+  std::function<void(const LoadKey&)> on_load;  // a salvage's second load, sent inside a step
+  bool throw_next = false;                      // a transport that throws instead of answering
   bool send(const LoadRequest& r) {
+    if (std::exchange(throw_next, false)) throw std::runtime_error("transport down");
+    if (on_load) on_load(r.key);
     if ((*rng)() % 40 == 0) {  // the connector found the prefix gone at build time
       ++drops;
       return false;
     }
+    const auto chunks = static_cast<std::uint32_t>(r.kv ? r.kv->chunk_keys.size() : 0);
     for (std::uint32_t k = 0; k < kWorld; ++k)
-      if (!dead->contains(k)) owed->push_back(Owed{k, true, r.key, {}, SavePhase::released});
+      if (!dead->contains(k)) owed->push_back(Owed{k, true, r.key, {}, SavePhase::released, chunks});
     return true;
   }
   template <class Save>
   bool send(const Save& s) {
+    if (std::exchange(throw_next, false)) throw std::runtime_error("transport down");
     for (std::uint32_t k = 0; k < kWorld; ++k)
       if (!dead->contains(k)) owed->push_back(Owed{k, false, {}, s.key, SavePhase::released});
     return true;
@@ -124,7 +134,7 @@ struct Run {
   std::vector<BlockId> blocks;
   std::vector<Checkpoint> checkpoints;
   std::uint64_t unparks = 0, releases = 0, completed = 0, readmissions = 0, repeated_teardowns = 0, every_rank_dead = 0;
-  std::uint64_t finishes_without_admission = 0, admitted_while_parked = 0;
+  std::uint64_t finishes_without_admission = 0, admitted_while_parked = 0, salvaged = 0;
   std::set<AdmissionId> admissions_seen;
   std::vector<SlotId> free_snapshots;
   std::map<SlotId, SaveKey> held_snapshots;  // snapshot -> the state save that reads it
@@ -135,6 +145,12 @@ struct Run {
     transport.owed = &owed;
     transport.dead = &dead;
     transport.rng = &rng;
+    // A load the coordinator sends on its own (a salvage's second load) belongs to the
+    // request's parked admission: its ranks write that admission's slot.
+    transport.on_load = [this](const LoadKey& k) {
+      ModelRequest& m = model.at(k.request.value);
+      if (m.state == ModelRequest::State::parked) m.current.loads.insert(k);
+    };
     for (std::uint64_t c = 0; c < 4; ++c) keys.push_back(PrefixHash{900 + c});
     for (std::uint32_t b = 0; b < 16; ++b) blocks.push_back(BlockId{b});
     for (TokenCount b = kBlock; b < 4 * kChunk; b += kBlock) checkpoints.push_back(Checkpoint{b, PrefixHash{5000 + b}});
@@ -175,7 +191,16 @@ struct Run {
       ++unparks;
       ModelRequest& m = model.at(u.request.value);
       REQUIRE_MESSAGE(m.state == ModelRequest::State::parked, "request " << u.request.value << " unparked while not parked");
-      CHECK(u.tokens == (u.kind == Resolution::completed ? m.claims : 0));
+      if (u.salvaged) {
+        // A partly failed load resumes below its claim: a second load's checkpoint (a
+        // stateful model resumes on the block grid only).
+        CHECK(u.tokens > 0);
+        CHECK(u.tokens <= m.claims);
+        CHECK(u.tokens % kBlock == 0);
+        ++salvaged;
+      } else {
+        CHECK(u.tokens == (u.kind == Resolution::completed ? m.claims : 0));
+      }
       completed += u.kind == Resolution::completed;
       m.state = ModelRequest::State::running;
     }
@@ -340,8 +365,14 @@ struct Run {
     owed.pop_back();
     if (o.is_load) {
       const std::uint64_t roll = pick(20);
-      CompletionRecord rec{o.load, o.rank, roll == 0 ? KvOutcome::failed : KvOutcome::ok,
-                           roll == 1 ? StateOutcome::missed : StateOutcome::restored, Reason::none, Reason::none};
+      const bool kv_failed = roll == 0 && o.chunks > 0;
+      CompletionRecord rec{o.load,
+                           o.rank,
+                           o.chunks == 0 ? KvOutcome::none : kv_failed ? KvOutcome::failed : KvOutcome::ok,
+                           roll == 1 ? StateOutcome::missed : StateOutcome::restored,
+                           kv_failed ? Reason::kv_chunk_missing : Reason::none,
+                           Reason::none,
+                           kv_failed ? static_cast<std::uint32_t>(pick(o.chunks)) : o.chunks};
       pump.ingest(o.rank, std::span<const CompletionRecord>(&rec, 1));
     } else {
       SaveRecord rec{o.save, o.rank, o.phase, pick(10) != 0, Reason::none};
@@ -464,6 +495,7 @@ TEST_CASE("coordinator model: 10^5 random operations keep every invariant and ev
     CHECK(run.readmissions > 100);
     CHECK(run.repeated_teardowns > 100);
     CHECK(run.finishes_without_admission > 100);
+    CHECK(run.salvaged > 10);  // second loads after a partly failed load, resumed at their checkpoint
     CHECK(s.finish_without_admission == run.finishes_without_admission);
     CHECK(run.every_rank_dead > 0);
     CHECK(run.checkpoints_saved > 100);
@@ -548,4 +580,31 @@ TEST_CASE("R8 coordinator: a second finish frees nothing while the first finish'
     }
   }
   CHECK(freed == 1);
+}
+
+// A transport that throws is one that dropped what it was handed: the request still parks
+// on a load that settles (failed, at the next step), a save's source comes back, and the
+// exception does not leave the Coordinator with a dispatched item nobody tracks.
+TEST_CASE("R6 coordinator: a transport that throws drops the load or save, and nothing is left untracked") {
+  Clock::current = Clock::time_point{};
+  Run run(11);
+  run.transport.throw_next = true;
+  const AdmitDecision d = run.coord.admit(AdmitRequest{RequestId{1}, 2 * kChunk + kBlock, 0, run.keys, run.blocks,
+                                                       run.checkpoints, SlotId{2}});
+  REQUIRE(d.parked);
+  CHECK(run.owed.empty());
+  const auto s = run.coord.step();
+  REQUIRE(s.unparked.size() == 1);
+  CHECK(s.unparked[0].tokens == 0);
+  CHECK(s.unparked[0].kind == Resolution::failed);
+  run.transport.throw_next = true;
+  CHECK(run.coord.finish(FinishRequest{RequestId{1}, 192, run.keys, run.blocks, std::nullopt, std::nullopt}) == 0);
+  std::size_t freed = 0;
+  for (int i = 0; i < 3; ++i) freed += run.coord.step().freed.size();
+  CHECK(freed == 1);  // the dropped save read nothing: the admission comes back
+  const CoordinatorStats cs = run.coord.stats();
+  CHECK(cs.transport_drops == 2);
+  CHECK(cs.invariant_violations == 0);
+  CHECK(run.index.stats().outstanding == 0);
+  CHECK(run.index.stats().saves_outstanding == 0);
 }

@@ -286,6 +286,9 @@ CoordinatorStats coordinator_stats() {
   s.snapshots_returned = 2021;
   s.snapshots_held = 2022;
   s.finish_without_admission = 2023;
+  s.salvaged_loads = 2024;
+  s.salvaged_tokens = 2025;
+  s.second_loads = 2026;
   return s;
 }
 
@@ -437,6 +440,9 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_coordinator_snapshots_returned_total", "", false, uint64_t{2021}},
       {"kvfuse_coordinator_snapshots_held", "", false, uint64_t{2022}},
       {"kvfuse_coordinator_finish_without_admission_total", "", false, uint64_t{2023}},
+      {"kvfuse_coordinator_salvaged_loads_total", "", false, uint64_t{2024}},
+      {"kvfuse_coordinator_salvaged_tokens_total", "", false, uint64_t{2025}},
+      {"kvfuse_coordinator_second_loads_total", "", false, uint64_t{2026}},
 
       {"kvfuse_pump_late_reports_total", "", false, uint64_t{3001}},
       {"kvfuse_pump_late_settlements_total", "", false, uint64_t{3002}},
@@ -566,7 +572,7 @@ TEST_CASE("prometheus: every field of every stats struct comes back exactly unde
   const std::vector<Expected> expected = expected_samples();
   std::set<std::string> expected_families;
   for (const Expected& e : expected) expected_families.insert(e.family);
-  CHECK(expected_families.size() == 123);
+  CHECK(expected_families.size() == 126);
   CHECK(parsed.families.size() == expected_families.size());
   CHECK(text.family_count() == expected_families.size());
   CHECK(text.sample_count() == expected.size());

@@ -530,6 +530,28 @@ TEST_CASE("R4 a load dispatched while every rank is dead settles, failed, at the
   CHECK(loads[0] == Settlement{lk(1, 1), false, false});
 }
 
+// The returning rank counts only for keys issued after it returned, so a key dispatched
+// while every rank was dead is owed by nobody; had the return cleared "every rank dead"
+// before a step swept it, nothing would ever settle it (found by model/load_protocol.pml).
+TEST_CASE("R4 a load dispatched while every rank is dead settles even when a rank returns before the next step") {
+  PumpFixture f(config(2));
+  f.pump.mark_rank_dead(0);
+  f.pump.mark_rank_dead(1);
+  f.index.outstanding.insert(lk(1, 1));
+  f.index.saves.insert(sk(4, 2));
+  f.index.last = Generation{2};
+  f.pump.mark_rank_alive(1);  // back before any step swept the load and the save
+  const auto step = f.pump.step();
+  REQUIRE(f.index.settled.size() == 1);
+  CHECK(f.index.settled[0] == Settlement{lk(1, 1), false, false});
+  REQUIRE(step.saves.size() == 2);
+  CHECK(step.saves[1] == stored_phase(sk(4, 2), false));
+  // A key issued after the return is owed by the returned rank, and waits for it.
+  f.index.outstanding.insert(lk(3, 3));
+  f.index.last = Generation{3};
+  CHECK(f.pump.step().resolutions.empty());
+}
+
 TEST_CASE("R4 SingleRank: a load in flight when the only rank dies settles failed") {
   SingleRank group(SingleRankOptions{0, 16, {}});
   FakeIndex index;

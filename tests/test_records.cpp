@@ -24,7 +24,7 @@ std::vector<std::uint8_t> as_u8(const RecordBytes& b) {
 constexpr CompletionRecord sample_load{LoadKey{RequestId{0x0102030405060708ULL}, Generation{0x1112131415161718ULL}},
                                        0x21222324U,          KvOutcome::failed,
                                        StateOutcome::missed, Reason::kv_chunk_missing,
-                                       Reason::entry_size_mismatch};
+                                       Reason::entry_size_mismatch, 0x31323334U};
 constexpr SaveRecord sample_save{SaveKey{PrefixHash{0xA1A2A3A4A5A6A7A8ULL}, Generation{42}}, 7, SavePhase::released, true,
                                  Reason::source_unconfirmed};
 
@@ -50,25 +50,25 @@ static_assert(le_round_trips());
 
 }  // namespace
 
-TEST_CASE("records: the completion layout is the documented little-endian version-2 one") {
+TEST_CASE("records: the completion layout is the documented little-endian version-3 one") {
   const std::vector<std::uint8_t> expected{0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,   // request id
                                            0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11,   // generation
                                            0x24, 0x23, 0x22, 0x21,                           // rank
-                                           0x02,                                             // format version 2
+                                           0x03,                                             // format version 3
                                            0x01,                                             // kind: load
                                            0x02,                                             // kv = failed
                                            0x02,                                             // state = missed
                                            0x01, 0x00,                                       // kv_reason
                                            0x07, 0x00,                                       // state_reason
-                                           0x00, 0x00, 0x00, 0x00};                          // reserved
+                                           0x34, 0x33, 0x32, 0x31};                          // kv_restored
   CHECK(as_u8(to_bytes(sample_load)) == expected);
 }
 
-TEST_CASE("records: the save layout is the documented little-endian version-2 one") {
+TEST_CASE("records: the save layout is the documented little-endian version-3 one") {
   const std::vector<std::uint8_t> expected{0xA8, 0xA7, 0xA6, 0xA5, 0xA4, 0xA3, 0xA2, 0xA1,   // hash
                                            42,   0,    0,    0,    0,    0,    0,    0,      // generation
                                            7,    0,    0,    0,                              // rank
-                                           2,                                                // format version 2
+                                           3,                                                // format version 3
                                            2,                                                // kind: save
                                            1,                                                // phase = released
                                            1,                                                // ok
@@ -129,14 +129,26 @@ TEST_CASE("R19 from_bytes refuses another version or kind and out-of-range value
     return completion_from_bytes(b).error;
   };
   CHECK(load_with(20, 1) == DecodeError::bad_version);
-  CHECK(load_with(20, 3) == DecodeError::bad_version);
+  CHECK(load_with(20, 2) == DecodeError::bad_version);  // a rank of the last version: it cannot say what it restored
+  CHECK(load_with(20, 4) == DecodeError::bad_version);
   CHECK(load_with(21, 2) == DecodeError::wrong_kind);  // a save record read as a load
   CHECK(load_with(22, 3) == DecodeError::bad_kv);
   CHECK(load_with(23, 5) == DecodeError::bad_state);
   CHECK(load_with(24, static_cast<int>(last_reason) + 1) == DecodeError::bad_reason);
   CHECK(load_with(25, 1) == DecodeError::bad_reason);  // reason 0x0100 + original
   CHECK(load_with(26, static_cast<int>(last_reason) + 1) == DecodeError::bad_reason);
-  for (std::size_t at = 28; at < record_wire_bytes; ++at) CHECK(load_with(at, 1) == DecodeError::bad_reserved);
+  // Without a KV leg nothing was restored: kv_restored is reserved there.
+  const CompletionRecord state_only{LoadKey{RequestId{1}, Generation{2}}, 0, KvOutcome::none, StateOutcome::restored,
+                                    Reason::none, Reason::none, 0};
+  for (std::size_t at = 28; at < record_wire_bytes; ++at) {
+    RecordBytes b = to_bytes(state_only);
+    b[at] = std::byte{1};
+    CHECK(completion_from_bytes(b).error == DecodeError::bad_reserved);
+  }
+  // With one, any count decodes as written (the quorum keeps the minimum).
+  RecordBytes any = to_bytes(sample_load);
+  any[31] = std::byte{0xFF};
+  CHECK(completion_from_bytes(any).record.kv_restored == 0xFF323334U);
 
   auto save_with = [](std::size_t at, int value) {
     RecordBytes b = to_bytes(sample_save);
@@ -162,7 +174,7 @@ TEST_CASE("R19 from_bytes on random bytes either refuses or decodes exactly what
     RecordBytes b{};
     for (auto& x : b) x = static_cast<std::byte>(byte(rng));
     // Bias the tag bytes toward valid values so both branches are exercised.
-    b[20] = static_cast<std::byte>(small(rng) == 0 ? 3 : 2);
+    b[20] = static_cast<std::byte>(small(rng) == 0 ? 2 : 3);
     b[21] = static_cast<std::byte>(1 + small(rng) % 2);
     b[22] = static_cast<std::byte>(small(rng) % 4);
     b[23] = static_cast<std::byte>(small(rng) % 6);

@@ -56,6 +56,20 @@ const std::vector<Fault>& fault_table() {
          };
          return h;
        }},
+      {"lose-chunks",
+       "one lookup in four that counted two or more chunks, one rank loses a chunk in the middle of them: the load "
+       "fails part way there, and the request resumes from what every rank restored (salvage)",
+       {{"chunks_lost_mid_prefix", "chunks lost mid-prefix"}},
+       [](FaultSite& site, std::span<std::uint64_t> counts) {
+         FaultHooks h;
+         h.lookup = [&site, counts](std::span<const kvfuse::PrefixHash> keys, std::size_t held) {
+           if (held < 2 || site.random() % 4 != 0) return;
+           const auto r = static_cast<std::uint32_t>(site.random() % site.world());
+           const std::size_t i = 1 + site.random() % (held - 1);  // never the first: something to salvage
+           counts[0] += site.tier(r).erase(site.kv_key(keys[i], r));
+         };
+         return h;
+       }},
       {"slow", "the last rank's tier sleeps 200 us per get", {}, [](FaultSite& site, std::span<std::uint64_t>) {
          FaultHooks h;
          h.ranks_built = [&site] { site.tier(site.world() - 1).set_delay(std::chrono::microseconds(200)); };

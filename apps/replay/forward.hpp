@@ -61,9 +61,17 @@ inline std::uint64_t output_of(Ranks& ranks, const Request& q, std::span<const k
 
 /// Every byte `plan`'s load restored into `blocks` and `slot`, on every rank, against the model.
 inline Checked check_load(Ranks& ranks, const Request& q, std::span<const kvfuse::BlockId> blocks,
-                          std::optional<kvfuse::SlotId> slot, const kvfuse::LoadPlan& plan) {
-  const std::optional<kvfuse::IndexRange> range = kvfuse::kv_tokens(plan);
-  const std::optional<TokenCount> boundary = kvfuse::state_boundary(plan);
+                          std::optional<kvfuse::SlotId> slot, const kvfuse::LoadPlan& plan,
+                          std::optional<TokenCount> salvaged_at = std::nullopt) {
+  std::optional<kvfuse::IndexRange> range = kvfuse::kv_tokens(plan);
+  std::optional<TokenCount> boundary = kvfuse::state_boundary(plan);
+  if (salvaged_at) {
+    // A load that failed part way filled only what lies below its resume point; a stateful
+    // request resumes on the state restored there (its second load's, or its own).
+    if (range) range->last = std::min(range->last, *salvaged_at);
+    if (range && range->last <= range->first) range.reset();
+    boundary = slot ? salvaged_at : std::nullopt;
+  }
   const std::vector<BlockSpan> spans = range ? spans_of(q, blocks, range->first, range->last) : std::vector<BlockSpan>{};
   return ranks.check(spans, boundary ? slot : std::nullopt, boundary ? state_at(q, *boundary) : 0);
 }

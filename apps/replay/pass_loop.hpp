@@ -264,14 +264,22 @@ class Pass final : private FaultSite {
     if (u.tokens > 0) {
       ++result_.resumed_from_load;
       if (a.pd) ranks_->pd_landed(plan_blocks(e));
-      const Checked c = check_load(*ranks_, *a.req, e.blocks, e.slot, a.plan);
+      const Checked c = check_load(*ranks_, *a.req, e.blocks, e.slot, a.plan,
+                                   u.salvaged ? std::optional<TokenCount>(u.tokens) : std::nullopt);
       result_.verified_bytes += c.verified;
       result_.corrupted_bytes += c.corrupted;
       if (std::holds_alternative<JointLoad>(a.plan)) joint_us_.push_back(us);
       else if (std::holds_alternative<KvOnlyLoad>(a.plan)) kv_only_us_.push_back(us);
       else if (std::holds_alternative<StateOnlyLoad>(a.plan)) state_only_us_.push_back(us);
     }
-    start_compute(e, model_.stateful ? u.tokens : std::max(u.tokens, a.hbm));
+    const TokenCount resume = model_.stateful ? u.tokens : std::max(u.tokens, a.hbm);
+    if (u.kind != Resolution::completed || u.salvaged) {
+      // What a policy that fails a load whole would recompute, against what salvage does.
+      const TokenCount floor = model_.stateful ? 0 : a.hbm;
+      result_.recomputed_after_failed_loads += a.req->prompt_tokens - std::min(resume, a.req->prompt_tokens);
+      result_.fail_whole_would_recompute += a.req->prompt_tokens - std::min(floor, a.req->prompt_tokens);
+    }
+    start_compute(e, resume);
   }
 
   // ---- the clock -------------------------------------------------------------------------------
@@ -335,6 +343,9 @@ class Pass final : private FaultSite {
     r.stranded_parked = audit.stranded_parked;
     r.leaked_slots = audit.leaked_slots + audit.leaked_blocks + audit.held_admissions;
     r.checkpoints_saved = cs.checkpoints_saved;
+    r.salvaged_loads = cs.salvaged_loads;
+    r.salvaged_tokens = cs.salvaged_tokens;
+    r.second_loads = cs.second_loads;
     r.checkpoints_deduplicated = cs.checkpoints_deduplicated;
     r.kv_loads_sent = transport_.kv_loads_sent();
     r.ranks_as = processes ? "processes" : "threads";

@@ -64,6 +64,12 @@ std::vector<Row> report_rows(const Workload& w, std::optional<std::uint64_t> den
   add("          failed", "/outcomes/failed", [](M m) { return m.run.outcome_failed; });
   add("          abandoned", "/outcomes/abandoned", [](M m) { return m.run.outcome_abandoned; });
   add("          state missed", "/outcomes/state_missed", [](M m) { return m.run.outcome_state_missed; });
+  add("salvage: failed loads resumed", "/salvage/loads", [](M m) { return m.run.salvaged_loads; });
+  add("         second loads", "/salvage/second_loads", [](M m) { return m.run.second_loads; });
+  add("         salvaged tokens", "/salvage/salvaged_tokens", [](M m) { return m.run.salvaged_tokens; });
+  add("         recomputed / fail-whole", "/salvage/recomputed_tokens", [](M m) { return m.run.recomputed_after_failed_loads; },
+      [](M m) { return thousands(m.run.recomputed_after_failed_loads) + " / " + thousands(m.run.fail_whole_would_recompute); });
+  add("", "/salvage/fail_whole_tokens", [](M m) { return m.run.fail_whole_would_recompute; });
   add("prompt tokens", "/reused_tokens/prompt_tokens", [](M m) { return m.run.prompt_tokens; });
   add("reused tokens: from HBM", "/reused_tokens/hbm", [](M m) { return m.run.reused_hbm; });
   add("               from the tier", "/reused_tokens/tier", [](M m) { return m.run.reused_tier; });

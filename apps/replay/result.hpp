@@ -45,6 +45,11 @@ struct RunResult {
   std::size_t loads_kv_only = 0, loads_joint = 0, loads_state_only = 0, loads_pd = 0;
   std::size_t outcome_completed = 0, outcome_failed = 0, outcome_abandoned = 0, outcome_state_missed = 0;
   std::size_t resumed_from_load = 0;
+  std::uint64_t salvaged_loads = 0;   ///< failed loads that resumed above 0 anyway (the Coordinator's salvage)
+  std::uint64_t salvaged_tokens = 0;  ///< tokens above the HBM floor they kept
+  std::uint64_t second_loads = 0;     ///< state-only loads sent after a stateful load failed part way
+  std::uint64_t recomputed_after_failed_loads = 0;  ///< prompt tokens recomputed by requests whose load failed (or was salvaged)
+  std::uint64_t fail_whole_would_recompute = 0;     ///< ... what they would have recomputed had a failed load kept nothing
   std::uint64_t prompt_tokens = 0, reused_hbm = 0, reused_tier = 0, reuse_bound = 0;
   std::uint64_t hashes_retracted = 0, late_reports = 0, orphans_reclaimed = 0, saves_stored = 0, saves_failed = 0;
   Latency joint, kv_only, state_only;  ///< loads that resumed their request, by kind

@@ -91,7 +91,7 @@ enum class SavePhase : std::uint8_t {
   stored = 2,    ///< the save ended on this rank; `ok` says whether its tier holds the bytes
 };
 
-/// One rank's report on one load. In memory the struct is 24 bytes; on the wire it is
+/// One rank's report on one load. In memory the struct is 32 bytes; on the wire it is
 /// the 32-byte layout documented at to_bytes below.
 struct CompletionRecord {
   LoadKey key;
@@ -100,6 +100,11 @@ struct CompletionRecord {
   StateOutcome state = StateOutcome::none;
   Reason kv_reason = Reason::none;     ///< why the KV leg did not succeed; none if it did or is absent
   Reason state_reason = Reason::none;  ///< why the state leg did not succeed; none if it did or is absent
+  /// How far the KV leg restored contiguously from the HBM floor, in whole chunks of the
+  /// spec's chunk_keys: every chunk when `kv` is ok, the leading run that reached its blocks
+  /// (confirmed by a synchronize) when it failed, 0 without a KV leg. What a partly failed
+  /// load can still be resumed from (salvage): never more than arrived, so 0 is always safe.
+  std::uint32_t kv_restored = 0;
   friend bool operator==(const CompletionRecord&, const CompletionRecord&) = default;
 };
 
@@ -117,7 +122,7 @@ struct SaveRecord {
   friend bool operator==(const SaveRecord&, const SaveRecord&) = default;
 };
 
-static_assert(std::is_trivially_copyable_v<CompletionRecord> && sizeof(CompletionRecord) == 24);
+static_assert(std::is_trivially_copyable_v<CompletionRecord> && sizeof(CompletionRecord) == 32);
 static_assert(std::is_trivially_copyable_v<SaveRecord> && sizeof(SaveRecord) == 24);
 
 /// Whether one rank's record says the load succeeded on that rank: every leg it had
@@ -143,6 +148,10 @@ struct Settlement {
   LoadKey key;
   bool ok = false;            ///< every rank's record was ok
   bool state_missed = false;  ///< some rank's tier genuinely lacked the state entry: retract the hash
+  /// The fewest chunks any rank restored contiguously from the HBM floor: the KV every rank
+  /// holds (salvage). A rank that never reported (dead when the load was issued, or before it
+  /// reported) counts as 0: its slice of the blocks may be empty.
+  std::uint32_t kv_restored = 0;
   friend bool operator==(const Settlement&, const Settlement&) = default;
 };
 
@@ -159,22 +168,24 @@ struct SaveSettlement {
 };
 
 // ---------------------------------------------------------------------------------------
-// Wire format, version 2. Both records encode to 32 bytes, little-endian, explicit byte by
+// Wire format, version 3. Both records encode to 32 bytes, little-endian, explicit byte by
 // byte (the same bytes on any host; on a little-endian host the compiler reduces it to
-// moves). Version 1 was a 24-byte layout with one reason per record; a v1 buffer is
-// refused by size.
+// moves). Version 3 added kv_restored to the load record (bytes [28,32), reserved zero in
+// version 2); a version 2 record is refused by its version byte (bad_version), so an older
+// rank that cannot say how far it restored is never read as one that restored nothing.
+// Version 1 was a 24-byte layout with one reason per record; a v1 buffer is refused by size.
 //
 //   CompletionRecord                         SaveRecord
 //   [0,8)   request id                       [0,8)   prefix hash
 //   [8,16)  generation                       [8,16)  generation
 //   [16,20) rank                             [16,20) rank
-//   [20]    format version (2)               [20]    format version (2)
+//   [20]    format version (3)               [20]    format version (3)
 //   [21]    record kind (1 = load)           [21]    record kind (2 = save)
 //   [22]    KvOutcome                        [22]    SavePhase
 //   [23]    StateOutcome                     [23]    ok (0 | 1)
 //   [24,26) kv_reason                        [24,26) reason
 //   [26,28) state_reason                     [26,32) zero
-//   [28,32) zero
+//   [28,32) kv_restored (0 without a KV leg)
 // Decoders refuse (never misread) a wrong size, version or kind, an unknown enum value, a
 // flag other than 0 or 1, and nonzero reserved bytes.
 
@@ -182,7 +193,7 @@ struct SaveSettlement {
 inline constexpr std::size_t record_wire_bytes = 32;
 
 /// The wire format version this build writes and reads.
-inline constexpr std::uint8_t record_format_version = 2;
+inline constexpr std::uint8_t record_format_version = 3;
 
 /// The encoded form of one record.
 using RecordBytes = std::array<std::byte, record_wire_bytes>;
@@ -201,7 +212,7 @@ enum class DecodeError : std::uint8_t {
   bad_version = 6,        ///< the format version byte is not the one this build reads
   wrong_kind = 7,         ///< the kind byte names another record or frame type than the decoder's
   bad_phase = 8,          ///< byte 22 of a save record is not a SavePhase
-  bad_reserved = 9,       ///< a reserved byte is not zero
+  bad_reserved = 9,       ///< a reserved byte is not zero (a load record's kv_restored without a KV leg included)
   truncated = 10,         ///< a frame buffer ends before its header does, or before the length it declares
   trailing_bytes = 11,    ///< bytes follow a frame's last field: in the buffer past the declared length, or inside it
   frame_too_large = 12,   ///< a frame declares a length above max_frame_bytes
@@ -266,7 +277,7 @@ constexpr DecodeError check_frame(std::span<const std::byte> in, std::uint8_t ki
 }
 }  // namespace detail
 
-/// Encodes `r` in wire format version 2 (see above). Thread-safe, constexpr, noexcept.
+/// Encodes `r` in wire format version 3 (see above). Thread-safe, constexpr, noexcept.
 [[nodiscard]] constexpr RecordBytes to_bytes(const CompletionRecord& r) noexcept {
   RecordBytes out{};
   detail::put_le(out.data() + 0, r.key.request.value, 8);
@@ -278,10 +289,11 @@ constexpr DecodeError check_frame(std::span<const std::byte> in, std::uint8_t ki
   out[23] = static_cast<std::byte>(r.state);
   detail::put_le(out.data() + 24, static_cast<std::uint16_t>(r.kv_reason), 2);
   detail::put_le(out.data() + 26, static_cast<std::uint16_t>(r.state_reason), 2);
+  detail::put_le(out.data() + 28, r.kv_restored, 4);
   return out;
 }
 
-/// Encodes `r` in wire format version 2 (see above). Thread-safe, constexpr, noexcept.
+/// Encodes `r` in wire format version 3 (see above). Thread-safe, constexpr, noexcept.
 [[nodiscard]] constexpr RecordBytes to_bytes(const SaveRecord& r) noexcept {
   RecordBytes out{};
   detail::put_le(out.data() + 0, r.key.hash.value, 8);
@@ -295,11 +307,11 @@ constexpr DecodeError check_frame(std::span<const std::byte> in, std::uint8_t ki
   return out;
 }
 
-/// Decodes a CompletionRecord. Refuses (never misreads) anything but a well-formed v2 load
+/// Decodes a CompletionRecord. Refuses (never misreads) anything but a well-formed v3 load
 /// record. Thread-safe, constexpr, noexcept.
 [[nodiscard]] constexpr Decoded<CompletionRecord> completion_from_bytes(std::span<const std::byte> in) noexcept {
   Decoded<CompletionRecord> d;
-  if ((d.error = detail::check_frame(in, detail::load_record_kind, 28)) != DecodeError::none) return d;
+  if ((d.error = detail::check_frame(in, detail::load_record_kind, record_wire_bytes)) != DecodeError::none) return d;
   const auto kv = static_cast<std::uint8_t>(in[22]);
   const auto state = static_cast<std::uint8_t>(in[23]);
   const auto kv_reason = detail::get_le(in.data() + 24, 2);
@@ -308,6 +320,8 @@ constexpr DecodeError check_frame(std::span<const std::byte> in, std::uint8_t ki
   else if (state > static_cast<std::uint8_t>(StateOutcome::refused)) d.error = DecodeError::bad_state;
   else if (kv_reason > static_cast<std::uint16_t>(last_reason) || state_reason > static_cast<std::uint16_t>(last_reason))
     d.error = DecodeError::bad_reason;
+  else if (kv == static_cast<std::uint8_t>(KvOutcome::none) && detail::get_le(in.data() + 28, 4) != 0)
+    d.error = DecodeError::bad_reserved;  // no KV leg, so nothing restored
   if (!d.ok()) return d;
   d.record.key = LoadKey{RequestId{detail::get_le(in.data(), 8)}, Generation{detail::get_le(in.data() + 8, 8)}};
   d.record.rank = static_cast<std::uint32_t>(detail::get_le(in.data() + 16, 4));
@@ -315,10 +329,11 @@ constexpr DecodeError check_frame(std::span<const std::byte> in, std::uint8_t ki
   d.record.state = static_cast<StateOutcome>(state);
   d.record.kv_reason = static_cast<Reason>(kv_reason);
   d.record.state_reason = static_cast<Reason>(state_reason);
+  d.record.kv_restored = static_cast<std::uint32_t>(detail::get_le(in.data() + 28, 4));
   return d;
 }
 
-/// Decodes a SaveRecord. Refuses (never misreads) anything but a well-formed v2 save
+/// Decodes a SaveRecord. Refuses (never misreads) anything but a well-formed v3 save
 /// record. Thread-safe, constexpr, noexcept.
 [[nodiscard]] constexpr Decoded<SaveRecord> save_from_bytes(std::span<const std::byte> in) noexcept {
   Decoded<SaveRecord> d;

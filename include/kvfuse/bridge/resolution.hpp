@@ -41,6 +41,9 @@ struct LoadResolution {
   bool state_missed = false;  ///< failed with a genuine state miss: the hash was retracted
   bool orphaned = false;      ///< the request was already torn down; its slot is free now (the index's slot-free callback, if any, was called)
   bool dispatched = false;    ///< a LoadRequest was handed out (false: the ticket was abandoned or dropped)
+  /// The chunks every live rank restored contiguously from the HBM floor (Settlement::kv_restored);
+  /// 0 for a load that did not settle through its ranks (abandoned, reclaimed, failed by key).
+  std::uint32_t kv_restored = 0;
   friend constexpr bool operator==(const LoadResolution&, const LoadResolution&) = default;
 };
 

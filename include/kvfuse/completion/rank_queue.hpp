@@ -40,7 +40,8 @@ namespace kvfuse {
 enum class RecordKind : std::uint8_t { load = 0, save = 1 };
 
 /// A CompletionRecord or a SaveRecord, tagged: the element type of every lane queue.
-/// Trivially copyable and default constructible, as Boost.Lockfree 1.74 requires; 32 bytes.
+/// Trivially copyable and default constructible, as Boost.Lockfree 1.74 requires; 40 bytes
+/// (the load record's 32 and the tag, aligned).
 struct RecordEnvelope {
   alignas(8) std::array<std::byte, sizeof(CompletionRecord)> payload{};  ///< the record's in-memory bytes
   RecordKind kind = RecordKind::load;
@@ -50,7 +51,11 @@ struct RecordEnvelope {
     return RecordEnvelope{std::bit_cast<std::array<std::byte, sizeof(CompletionRecord)>>(r), RecordKind::load};
   }
   static constexpr RecordEnvelope wrap(const SaveRecord& r) noexcept {
-    return RecordEnvelope{std::bit_cast<std::array<std::byte, sizeof(SaveRecord)>>(r), RecordKind::save};
+    RecordEnvelope e;
+    const auto bytes = std::bit_cast<std::array<std::byte, sizeof(SaveRecord)>>(r);
+    std::copy(bytes.begin(), bytes.end(), e.payload.begin());
+    e.kind = RecordKind::save;
+    return e;
   }
   /// Calls visitor(record) with the record this envelope carries. noexcept if the visitor is.
   template <class Visitor>
@@ -58,13 +63,15 @@ struct RecordEnvelope {
     if (kind == RecordKind::load) {
       visitor(std::bit_cast<CompletionRecord>(payload));
     } else {
-      visitor(std::bit_cast<SaveRecord>(payload));
+      std::array<std::byte, sizeof(SaveRecord)> bytes{};
+      std::copy_n(payload.begin(), sizeof(SaveRecord), bytes.begin());
+      visitor(std::bit_cast<SaveRecord>(bytes));
     }
   }
 };
-static_assert(sizeof(SaveRecord) == sizeof(CompletionRecord));
+static_assert(sizeof(SaveRecord) <= sizeof(CompletionRecord));
 static_assert(std::is_trivially_copyable_v<RecordEnvelope> && std::is_default_constructible_v<RecordEnvelope>);
-static_assert(sizeof(RecordEnvelope) == 32);
+static_assert(sizeof(RecordEnvelope) == 40);
 
 /// How a producer waits on a full lane queue: `spins` busy polls, then `yields` calls to
 /// std::this_thread::yield, then sleeps starting at 1 µs and doubling up to `max_sleep`.

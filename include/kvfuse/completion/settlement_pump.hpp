@@ -142,9 +142,17 @@ class SettlementPump {
   }
 
   /// `rank` is back: it counts for every load and save the index issues from now on; its
-  /// records for keys issued before are dropped (see TpQuorum::mark_rank_alive). Throws
-  /// Error naming a rank out of range. Scheduler thread.
+  /// records for keys issued before are dropped (see TpQuorum::mark_rank_alive). If every
+  /// rank was dead, the keys dispatched since the last sweep are owed by nobody — the rank
+  /// that returns does not count for them — so they settle now (out of the next step), before
+  /// the world is alive again and the step's sweep would pass them by. Throws Error naming a
+  /// rank out of range; may allocate. Scheduler thread.
   void mark_rank_alive(std::uint32_t rank) {
+    if (world_dead_ && std::as_const(index_).last_issued() != swept_through_) {
+      begin_output();
+      forget_resolved();
+      settle_unowed();
+    }
     group_.mark_rank_alive(rank, Generation{std::as_const(index_).last_issued().value + 1});
     world_dead_ = group_.stats().live_ranks == 0;
   }

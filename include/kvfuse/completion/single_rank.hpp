@@ -76,7 +76,7 @@ class SingleRank {
     const MergeResult gate = check(source_rank, r.rank, r.key, admit);
     if (gate != MergeResult::settled) return gate;
     ++counters_.settled;
-    sink(Settlement{r.key, record_ok(r), record_missed_state(r)});
+    sink(Settlement{r.key, record_ok(r), record_missed_state(r), r.kv_restored});
     return MergeResult::settled;
   }
 

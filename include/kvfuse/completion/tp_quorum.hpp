@@ -25,6 +25,7 @@
 #pragma once
 
 #include <bit>
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -132,22 +133,24 @@ class TpQuorum {
         // ever creating a pending entry.
         loads_.tombstone(r.key);
         ++counters_.settled;
-        sink(Settlement{r.key, record_ok(r) && absent == 0, record_missed_state(r)});
+        sink(Settlement{r.key, record_ok(r) && absent == 0, record_missed_state(r), absent == 0 ? r.kv_restored : 0});
         return MergeResult::settled;
       }
       e = loads_.create(r.key, now_);
       e->reported = absent;
       e->acc.failed = absent != 0;
+      if (absent != 0) e->acc.restored = 0;  // a rank that never got the load filled none of its blocks
     }
     e->acc.failed |= !record_ok(r);
     e->acc.missed |= record_missed_state(r);
+    e->acc.restored = std::min(e->acc.restored, r.kv_restored);  // salvage: what every rank holds
     if ((e->reported & bit) != 0) {
       ++counters_.duplicate_reports;
       return MergeResult::duplicate;
     }
     e->reported |= bit;
     if (e->reported != all_mask_) return MergeResult::counted;
-    const Settlement s{r.key, !e->acc.failed, e->acc.missed};
+    const Settlement s{r.key, !e->acc.failed, e->acc.missed, e->acc.kv_restored()};
     loads_.settle(r.key);
     ++counters_.settled;
     sink(s);
@@ -218,8 +221,9 @@ class TpQuorum {
       auto* e = loads_.find(key);
       e->reported |= bit;
       e->acc.failed = true;
+      e->acc.restored = 0;  // it died before saying what it restored: nothing can be counted on
       if (e->reported == all_mask_) {
-        const Settlement s{key, false, e->acc.missed};
+        const Settlement s{key, false, e->acc.missed, e->acc.kv_restored()};
         loads_.settle(key);
         ++counters_.settled;
         sink(s);

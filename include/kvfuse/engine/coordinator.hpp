@@ -124,34 +124,7 @@ class Coordinator {
   /// state-only load if one is servable, else compute. A parked request unparks once, on
   /// its owner's settlement (step(arbiter) drains the transfers). Scheduler thread.
   template <KvArbiter A>
-  AdmitDecision admit(const AdmitRequest& req, A& arbiter) {
-    AdmitDecision d;
-    if (already_parked(req.id, d)) return d;
-    const AdmissionPlan p = start(req, d);
-    const bool secured = state_boundary(d.plan).has_value() && req.slot.has_value();
-    const AdmissionQuery query{req.id, req.hbm, req.prompt_tokens, detail::offer_of(d.plan, req.hbm)};
-    const Arbitration a = arbiter.arbitrate(query, secured);
-    d.sub = a.winner;
-    if (a.winner && a.winner == A::tier_sub) return dispatch_plan(req, d);
-    if (a.winner) {
-      if (!static_cast<bool>(arbiter.start(*a.winner, PdTransfer{req.id, req.hbm, a.tokens, req.blocks})))
-        return compute_from_zero(req, d, ComputeReason::transfer_refused);
-      d.state_waived = secured;
-      counters_.state_legs_waived += secured ? 1 : 0;
-      d.parked = true;
-      d.claimed_tokens = options_.layout == StateLayout::none ? req.hbm + a.tokens : 0;
-      if (options_.layout != StateLayout::none) reset_checkpoints(req, d, p.lookup_tokens);  // it recomputes from 0
-      parking_.park_on_transfer(req.id, d.claimed_tokens, d.admission);
-      ++counters_.parked;
-      return d;
-    }
-    if (a.state == StateDisposition::state_only && std::holds_alternative<StateOnlyLoad>(d.plan))
-      return dispatch_plan(req, d);
-    // A plan with a state leg but no slot to restore it into: the same answer as admit().
-    if (state_boundary(d.plan) && !req.slot) return compute_from_zero(req, d, ComputeReason::no_slot);
-    if (const auto* no = std::get_if<NoLoad>(&d.plan)) d.no_load = no->reason;
-    return compute_from_zero(req, d, ComputeReason::planned_no_load);
-  }
+  AdmitDecision admit(const AdmitRequest& req, A& arbiter);
 
   /// Pumps every rank's records into the index and returns the Unparks (each parked
   /// request once), the Freeds (each ended admission once, when nothing touches it) and the
@@ -171,15 +144,7 @@ class Coordinator {
   /// step() that also drains `arbiter`'s ended P/D transfers: they unpark their requests
   /// (or free torn-down admissions) in the same step. Scheduler thread.
   template <KvArbiter A>
-  StepResult step(A& arbiter, typename Pump::TimePoint now = Pump::TimePoint::clock::now()) {
-    StepResult r = step(now);
-    (void)arbiter.drain_finished([this](RequestId id, bool ok) { on_transfer(id, ok); });
-    hand_out_frees();  // freed by a transfer's end: out in this step
-    r.unparked = unparked_;
-    r.freed = freed_;
-    r.snapshots = snapshots_;
-    return r;
-  }
+  StepResult step(A& arbiter, typename Pump::TimePoint now = Pump::TimePoint::clock::now());
 
   /// Mid-prefill: the state at `c.boundary` is in `snapshot`, a slot of the engine's. Saved:
   /// a StateSave goes to every rank, and the slot comes back in a step's `snapshots` once
@@ -365,57 +330,66 @@ class Coordinator {
       d.refusal = grant.refusal();
       return compute_from_zero(req, d, ComputeReason::index_refused);
     }
-    const LoadRequest request = grant.ticket().dispatch();
     d.parked = true;
-    d.key = request.key;
     d.claimed_tokens = claimed_tokens(d.plan);
     ++counters_.parked;
-    const bool sent = static_cast<bool>(transport_.send(request));
-    parking_.park_on_load(req.id, request.key, d.claimed_tokens, d.admission, sent);
-    if (!sent) {
-      // Dropped before any rank saw it: nothing will report. A failed settlement now,
-      // drained by the next step like any other (never parked without a load that settles).
-      ++counters_.transport_drops;
-      (void)index_.fail(request.key, false);
+    detail::ParkingLedger::Parked parked;
+    parked.claims = d.claimed_tokens;
+    parked.admission = d.admission;
+    parked.hbm = req.hbm;
+    if (const auto tokens = kv_tokens(d.plan)) {
+      parked.kv_from = options_.grids.chunk_grid().floor(tokens->first);
+      parked.kv_end = tokens->last;
     }
+    parked.slot = req.slot;
+    parked.hbm_state_held = req.hbm_state_held;
+    // What a second load could restore if this one fails part way: servable checkpoints
+    // below the planned boundary (the one planned may be the one that misses).
+    if (const auto boundary = state_boundary(d.plan))
+      for (const Checkpoint& c : req.checkpoints)
+        if (c.boundary > 0 && c.boundary <= *boundary && index_.could_serve(c.hash)) parked.fallbacks.push_back(c);
+    std::sort(parked.fallbacks.begin(), parked.fallbacks.end(),
+              [](const Checkpoint& a, const Checkpoint& b) { return a.boundary < b.boundary; });
+    d.key = send_load(req.id, std::move(grant), std::move(parked));
     return d;
   }
 
-  void on_resolution(const LoadResolution& r) {
-    if (r.orphaned) {
-      (void)ledger_.load_ended(r.key);  // a torn-down admission's load ended: no rank writes it now
-      return;
+  // Dispatches the granted load and parks the request on it. A load the transport dropped
+  // (or threw on) reached no rank and nothing will report: it is failed now, drained by the
+  // next step like any other (never parked without a load that settles).
+  LoadKey send_load(RequestId id, LoadGrant grant, detail::ParkingLedger::Parked parked) {
+    const LoadRequest request = grant.ticket().dispatch();
+    const bool sent = detail::transport_took(transport_, request);
+    parked.key = request.key;
+    parked.dropped = !sent;
+    parking_.park_on_load(id, std::move(parked));
+    if (!sent) {
+      ++counters_.transport_drops;
+      (void)index_.fail(request.key, false);
     }
-    if (!parking_.parked_on(r.key.request, r.key)) {
-      if (!ledger_.forget_torn_down(r.key)) ++counters_.invariant_violations;  // a load nobody waits on, or a second unpark
-      return;
-    }
-    const TokenCount claims = parking_.leave(r.key.request)->claims;
-    const TokenCount tokens = r.kind == Resolution::completed ? claims : 0;
-    // The tier did not deliver: do not trust what it was thought to hold.
-    if (r.kind != Resolution::completed) ledger_.reset_watermark(r.key.request);
-    if (tokens > 0) ++counters_.unparked_with_tokens;
-    unparked_.push_back(Unpark{r.key.request, tokens, r.kind, r.state_missed});
+    return request.key;
   }
+
+  // A load ended: unpark its request (a failed one from what it salvaged), or free the
+  // torn-down admission an orphaned one held (detail/coordinator_salvage.hpp).
+  void on_resolution(const LoadResolution& r);
+
+  void unpark(const Unpark& u) {
+    if (u.tokens > 0) ++counters_.unparked_with_tokens;
+    unparked_.push_back(u);
+  }
+
+  // Counts a failed load that resumed at `tokens` anyway.
+  void note_salvage(TokenCount tokens, TokenCount hbm) noexcept;
+
+  // A stateful load failed part way: a state-only load for checkpoint `c`, which every
+  // rank's blocks reach, and the request stays parked on it; false (nothing sent, the
+  // request unparks as it would) when the index refuses it or there is no slot.
+  bool second_load(RequestId id, const Checkpoint& c, detail::ParkingLedger::Parked parked);
 
   // A P/D transfer ended: free a torn-down admission of the request now that nothing
   // writes its blocks, or unpark the request (tokens only for a dense model).
-  void on_transfer(RequestId id, bool ok) {
-    if (const std::optional<AdmissionId> held = parking_.transfer_ended(id)) {
-      ledger_.hold_writer(*held, false);
-      ledger_.free_if_idle(*held);
-      return;
-    }
-    if (!parking_.on_transfer(id)) {
-      ++counters_.invariant_violations;  // a transfer nobody waits on
-      return;
-    }
-    const TokenCount claims = parking_.leave(id)->claims;
-    const TokenCount tokens = ok ? claims : 0;
-    ++counters_.unparked;
-    if (tokens > 0) ++counters_.unparked_with_tokens;
-    unparked_.push_back(Unpark{id, tokens, ok ? Resolution::completed : Resolution::failed, false});
-  }
+  void on_transfer(RequestId id, bool ok);
 
   // A save's phase, booked by the save ledger; its meaning for an admission's blocks or
   // slot applied here. The source goes back on the released phase (early release), never
@@ -491,3 +465,8 @@ class Coordinator {
 };
 
 }  // namespace kvfuse
+
+// Two paths' member definitions, kept apart from the class: admitting through a
+// composition, and ending a parked load (salvage).
+#include <kvfuse/engine/detail/coordinator_composition.hpp>
+#include <kvfuse/engine/detail/coordinator_salvage.hpp>

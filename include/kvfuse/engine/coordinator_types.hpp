@@ -64,6 +64,9 @@ struct AdmitRequest {
   std::span<const BlockId> blocks;          ///< the request's block table, block i holding [i*block, (i+1)*block)
   std::span<const Checkpoint> checkpoints;  ///< candidate state boundaries (stateful models)
   std::optional<SlotId> slot;               ///< the request's state slot (stateful models)
+  /// Stateful models: the engine itself holds the state at `hbm` (its slot has it, the way a
+  /// serving engine's own cells do), so a partly failed load can still resume at `hbm`.
+  bool hbm_state_held = false;
 };
 
 /// What the engine tells the coordinator when a request finished: finish() saves what it
@@ -179,14 +182,18 @@ struct ProgressSave {
   std::optional<SlotId> snapshot;
 };
 
-/// One request the scheduler resumes. `tokens` = what the load restored (the request
-/// continues from there); 0 = recompute from the start (the load failed, was abandoned, or
-/// the state leg was waived).
+/// One request the scheduler resumes. `tokens` = where it continues: what the load
+/// restored, its KV below `tokens` in the request's blocks and, for a stateful model, the
+/// state at `tokens` in its slot; 0 = recompute from the start (nothing could be salvaged,
+/// the load was abandoned, or the state leg was waived). A load that failed part way can
+/// still resume above 0 (salvage, docs/reference.md#salvage): then `salvaged` is set, only
+/// the blocks below `tokens` were filled, and the blocks above must not be trusted.
 struct Unpark {
   RequestId request;
   TokenCount tokens = 0;
   Resolution kind = Resolution::completed;
   bool state_missed = false;
+  bool salvaged = false;  ///< resumed below what the load claimed (a dense load's restored prefix, a second load, the engine's own state at hbm)
   friend constexpr bool operator==(const Unpark&, const Unpark&) = default;
 };
 
@@ -224,7 +231,7 @@ struct CoordinatorStats {
   std::uint64_t computed = 0;          ///< admissions told to compute now
   std::uint64_t unparked = 0;          ///< Unpark events handed out
   std::uint64_t unparked_with_tokens = 0;  ///< ... of which resumed from a load
-  std::uint64_t transport_drops = 0;   ///< loads and saves the transport dropped (resolved here)
+  std::uint64_t transport_drops = 0;   ///< loads and saves the transport dropped or threw on (resolved here as dropped)
   std::uint64_t torn_down = 0;         ///< teardown() of a parked request
   std::uint64_t freed = 0;             ///< Freed events handed out (one per admission: blocks and slot free)
   std::uint64_t saves_submitted = 0;   ///< KV and state saves sent
@@ -241,6 +248,9 @@ struct CoordinatorStats {
   std::uint64_t progress_saves = 0;           ///< save_progress calls that sent something
   std::uint64_t snapshots_returned = 0;       ///< snapshot slots handed back in a step's `snapshots`
   std::uint64_t snapshots_held = 0;           ///< snapshot slots some rank may still read now (gauge)
+  std::uint64_t salvaged_loads = 0;        ///< failed loads that resumed above 0 anyway (their restored prefix, a second load, the engine's state at hbm)
+  std::uint64_t salvaged_tokens = 0;       ///< tokens above the HBM floor those resumes kept
+  std::uint64_t second_loads = 0;          ///< state-only loads sent after a stateful load failed part way (at most one per admission)
   std::uint64_t invariant_violations = 0;  ///< stats() audits that failed, plus double unparks
 };
 

@@ -209,7 +209,7 @@ class OffloadIndex final : private detail::TicketSink {
 
   /// Settles a load its ranks reported on (the completion path calls it with every
   /// merged settlement): ok ? completed : failed, retracting the state hash when
-  /// state_missed (a genuine miss on some rank). The one way an orphan ends besides
+  /// state_missed (a genuine miss on some rank); the resolution carries kv_restored. The one way an orphan ends besides
   /// reclaim: its slot goes back through the callback. Returns false (and only counts a
   /// late report) if `key` is not in flight: unknown, never dispatched, already resolved,
   /// or reclaimed (R3). Scheduler thread only; noexcept; O(1).
@@ -219,7 +219,7 @@ class OffloadIndex final : private detail::TicketSink {
       ++stats_.late_reports;
       return false;
     }
-    resolve(e, s.ok ? Resolution::completed : Resolution::failed, !s.ok && s.state_missed);
+    resolve(e, s.ok ? Resolution::completed : Resolution::failed, !s.ok && s.state_missed, s.kv_restored);
     return true;
   }
 
@@ -619,7 +619,7 @@ class OffloadIndex final : private detail::TicketSink {
 
   // The one place a load ends: counters, tables, the hash (on a genuine miss), the
   // resolution queue, and, last, the orphan's slot.
-  void resolve(std::uint32_t e, Resolution kind, bool missing) noexcept {
+  void resolve(std::uint32_t e, Resolution kind, bool missing, std::uint32_t kv_restored = 0) noexcept {
     Entry& en = entries_[e];
     const bool missed = missing && en.has_state;
     const bool release = en.orphaned && en.has_state;
@@ -644,7 +644,7 @@ class OffloadIndex final : private detail::TicketSink {
     keys_.erase(en.key.generation);
     if (en.has_state) slot_owner_[slot.value] = detail::npos32;
     if (missed && forget(en.leg.boundary_hash)) ++stats_.hashes_retracted;
-    resolutions_.push_back(LoadResolution{en.key, kind, missed, en.orphaned, en.status == Status::in_flight});
+    resolutions_.push_back(LoadResolution{en.key, kind, missed, en.orphaned, en.status == Status::in_flight, kv_restored});
     en.status = Status::free;
     en.orphaned = false;
     en.free_next = free_entry_;

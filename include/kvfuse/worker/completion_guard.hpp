@@ -17,6 +17,7 @@
 // so a leg that did not run never retracts a hash (R2, R4).
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <exception>
@@ -32,9 +33,11 @@ struct LoadLegs {
   LoadKey key;
   bool has_kv = false;
   bool has_state = false;
+  std::uint32_t kv_chunks = 0;  ///< chunks of the KV leg: what a KV leg that succeeded restored
   /// The legs of `request`. noexcept, thread-safe.
   static LoadLegs of(const LoadRequest& request) noexcept {
-    return LoadLegs{request.key, request.kv.has_value(), request.state.has_value()};
+    return LoadLegs{request.key, request.kv.has_value(), request.state.has_value(),
+                    request.kv ? static_cast<std::uint32_t>(request.kv->chunk_keys.size()) : 0};
   }
 };
 
@@ -66,6 +69,7 @@ class CompletionGuard {
         kv_(legs.has_kv ? KvOutcome::failed : KvOutcome::none),
         state_(legs.has_state ? StateOutcome::failed : StateOutcome::none),
         has_kv_(legs.has_kv),
+        kv_chunks_(legs.kv_chunks),
         has_state_(legs.has_state),
         uncaught_at_start_(std::uncaught_exceptions()) {}
 
@@ -77,21 +81,25 @@ class CompletionGuard {
   /// Emits the record. Runs on every path out of the guarded scope.
   ~CompletionGuard() { emitter_.emit(build(std::uncaught_exceptions() > uncaught_at_start_)); }
 
-  /// The KV leg delivered every chunk in [hbm, end). Ignored if the KV leg already failed,
-  /// or if the load has no KV leg (its outcome stays `none`).
+  /// The KV leg delivered every chunk in [hbm, end): all of the leg's chunks restored.
+  /// Ignored if the KV leg already failed, or if the load has no KV leg (its outcome stays
+  /// `none`).
   void kv_ok() noexcept {
     if (!has_kv_ || kv_failed_) return;
     kv_ = KvOutcome::ok;
     kv_reported_ = true;
+    kv_restored_ = kv_chunks_;
   }
 
-  /// The KV leg failed. Recorded even on a load without a KV leg (failure wins over a
-  /// misuse); the first failure of the leg stands.
-  void kv_failed(Reason reason) noexcept {
+  /// The KV leg failed, having restored the first `restored` chunks (0 when it cannot say:
+  /// always safe). Recorded even on a load without a KV leg (failure wins over a misuse);
+  /// the first failure of the leg stands, and with it the fewest chunks it claimed.
+  void kv_failed(Reason reason, std::uint32_t restored = 0) noexcept {
     if (kv_failed_) return;
     kv_ = KvOutcome::failed;
     kv_reported_ = kv_failed_ = true;
     kv_reason_ = reason;
+    kv_restored_ = has_kv_ ? std::min(kv_restored_, restored) : 0;
   }
 
   /// The state leg's outcome. `restored` is ignored after a failure of the leg, and on a
@@ -141,6 +149,7 @@ class CompletionGuard {
     r.state = state_;
     r.kv_reason = kv_reason_;
     r.state_reason = state_reason_;
+    r.kv_restored = kv_reported_ ? kv_restored_ : 0;
     const Reason unrun = unwinding ? Reason::exception : Reason::leg_not_run;
     if (has_kv_ && !kv_reported_) r.kv_reason = unrun;
     if (has_state_ && !state_reported_) r.state_reason = unrun;
@@ -155,7 +164,9 @@ class CompletionGuard {
   StateOutcome state_;
   Reason kv_reason_ = Reason::none;
   Reason state_reason_ = Reason::none;
+  std::uint32_t kv_restored_ = UINT32_MAX;  // lowered by each report; 0 unless the KV leg reported
   bool has_kv_;
+  std::uint32_t kv_chunks_;
   bool has_state_;
   bool kv_reported_ = false;
   bool kv_failed_ = false;

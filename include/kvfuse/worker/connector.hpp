@@ -393,7 +393,7 @@ class Connector {
     try {
       const KvVerdict v = kv_leg_.load(*req.kv, lane);
       if (v.ok) guard.kv_ok();
-      else guard.kv_failed(v.reason);
+      else guard.kv_failed(v.reason, v.restored);
     } catch (...) {
       guard.kv_failed(Reason::exception);
     }

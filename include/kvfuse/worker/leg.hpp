@@ -73,6 +73,7 @@ struct LaneContext {
 struct KvVerdict {
   bool ok = false;
   Reason reason = Reason::none;
+  std::uint32_t restored = 0;  ///< chunks restored contiguously from the HBM floor (all of them when ok)
 };
 
 /// Result of a state leg on one rank.

@@ -79,6 +79,11 @@ struct RetrieveResult {
   [[nodiscard]] bool complete() const noexcept {
     return reason == Reason::none && std::all_of(mask.begin(), mask.end(), [](std::uint8_t b) { return b == 1; });
   }
+  /// The leading run of chunks that arrived: how far the load restored from the HBM floor.
+  [[nodiscard]] std::uint32_t restored() const noexcept {
+    return static_cast<std::uint32_t>(std::find_if(mask.begin(), mask.end(), [](std::uint8_t b) { return b != 1; }) -
+                                      mask.begin());
+  }
 };
 
 /// The paged KV leg over one tier. Holds a pointer to the tier, nothing else; the tier must
@@ -158,11 +163,12 @@ class PagedKv {
     return {mask, Reason::none};
   }
 
-  /// The KV leg: ok only if every chunk in [hbm, end) arrived. Noexcept, no allocation.
+  /// The KV leg: ok only if every chunk in [hbm, end) arrived; `restored` counts the
+  /// leading run of chunks that did (salvage). Noexcept, no allocation.
   template <Runtime R>
   KvVerdict load(const KvSpec& spec, LaneContext<R>& lane) const noexcept {
     const RetrieveResult r = retrieve(spec, lane);
-    return {r.complete(), r.reason};
+    return {r.complete(), r.reason, r.restored()};
   }
 
   /// Gathers whole chunks out of the blocks through staging and puts them in the tier.

@@ -21,6 +21,10 @@ namespace kvfuse::detail {
 struct LoadAcc {
   bool failed = false;  ///< some rank's record was not ok
   bool missed = false;  ///< some rank reported StateOutcome::missed
+  std::uint32_t restored = UINT32_MAX;  ///< the fewest chunks a rank restored; 0 once a rank died unreported (UINT32_MAX: none yet)
+
+  /// Settlement::kv_restored: the minimum over the ranks, 0 if none reported.
+  [[nodiscard]] std::uint32_t kv_restored() const noexcept { return restored == UINT32_MAX ? 0 : restored; }
 };
 
 /// Failure-dominant merge state of one save key. The entry's `reported` mask tracks the

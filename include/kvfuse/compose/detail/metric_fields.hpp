@@ -166,6 +166,9 @@ inline constexpr Field<CoordinatorStats> coordinator_fields[] = {
     counter<&CoordinatorStats::progress_saves>("progress_saves", "save_progress calls that sent something."),
     counter<&CoordinatorStats::snapshots_returned>("snapshots_returned", "Snapshot slots handed back in a step."),
     gauge<&CoordinatorStats::snapshots_held>("snapshots_held", "Snapshot slots some rank may still read now."),
+    counter<&CoordinatorStats::salvaged_loads>("salvaged_loads", "Failed loads that resumed above 0 anyway (salvage)."),
+    counter<&CoordinatorStats::salvaged_tokens>("salvaged_tokens", "Tokens above the HBM floor that salvaged resumes kept."),
+    counter<&CoordinatorStats::second_loads>("second_loads", "State-only loads sent after a stateful load failed part way."),
     counter<&CoordinatorStats::invariant_violations>("invariant_violations", "Coordinator stats audits that failed, plus double unparks."),
 };
 

@@ -122,4 +122,40 @@ inline std::optional<KvSave> kv_save_for(const PlanGrids& grids, TokenCount wate
                  blocks.begin() + static_cast<std::ptrdiff_t>(to * blocks_per_chunk)}};
 }
 
+/// Where a load that failed part way resumes (salvage, docs/reference.md#salvage).
+struct SalvagePoint {
+  TokenCount tokens = 0;                 ///< resume here now (0: recompute; a second load supersedes it)
+  std::optional<Checkpoint> second_load; ///< a state-only load that resumes higher: send it, resume on its settlement
+};
+
+/// The salvage of a failed load from what it planned and what every live rank restored.
+/// The KV in the request's blocks runs to the frontier: the HBM floor, or the leading
+/// `kv_restored` chunks of its KV leg from `kv_from`. A dense model resumes there. A stateful
+/// model needs the state at its resume point too: the highest servable checkpoint
+/// (`fallbacks`, ascending; `could_serve` asks the index now, after the retraction) at or
+/// below the frontier, through a second, state-only load, unless this is one already;
+/// else the HBM floor's own state if the engine holds it; else nothing. Pure.
+template <class CouldServe>
+SalvagePoint salvage_point(StateLayout layout, TokenCount hbm, TokenCount kv_from, TokenCount kv_end,
+                           std::uint32_t kv_restored, TokenCount chunk_tokens, bool hbm_state_held, bool second,
+                           const std::vector<Checkpoint>& fallbacks, CouldServe&& could_serve) {
+  const TokenCount restored_to =
+      kv_end > kv_from ? std::min<TokenCount>(kv_end, kv_from + TokenCount{kv_restored} * chunk_tokens) : hbm;
+  const TokenCount frontier = std::max(hbm, restored_to);
+  SalvagePoint p;
+  if (layout == StateLayout::none) {
+    p.tokens = frontier > hbm ? frontier : 0;
+    return p;
+  }
+  const TokenCount own = hbm_state_held ? hbm : 0;
+  if (!second)
+    for (auto it = fallbacks.rbegin(); it != fallbacks.rend(); ++it)
+      if (it->boundary <= frontier && it->boundary > own && could_serve(it->hash)) {
+        p.second_load = *it;
+        return p;
+      }
+  p.tokens = own;
+  return p;
+}
+
 }  // namespace kvfuse::detail

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <kvfuse/bridge/ids.hpp>
@@ -27,26 +28,38 @@ namespace kvfuse::detail {
 /// See the file comment. Every member: scheduler thread only.
 class ParkingLedger {
  public:
-  /// What a request is parked on.
+  /// What a request is parked on, and what a salvage of its load needs to know.
   struct Parked {
     LoadKey key;            ///< the load (empty for a transfer)
     TokenCount claims = 0;  ///< tokens it resumes with if the load or transfer completes
     AdmissionId admission;
     bool dropped = false;   ///< the transport dropped the load; the index already failed it
     bool transfer = false;  ///< parked on a P/D sub's transfer, not on a load
+    TokenCount hbm = 0;      ///< the HBM floor at admission
+    TokenCount kv_from = 0;  ///< where the KV leg's first chunk starts (its chunks restore from here)
+    TokenCount kv_end = 0;   ///< where the KV leg ends (kv_from == kv_end: no KV leg)
+    std::optional<SlotId> slot;       ///< the state slot (stateful models)
+    bool hbm_state_held = false;      ///< the engine holds the state at hbm
+    bool second = false;              ///< this is the admission's second load: no third
+    std::vector<Checkpoint> fallbacks;  ///< servable checkpoints below the planned boundary, ascending
   };
 
   /// Room for `expected` parked requests before the table rehashes.
   explicit ParkingLedger(std::size_t expected) { parked_.reserve(expected); }
 
-  /// `request` waits on load `key` (`sent`: it reached the ranks).
-  void park_on_load(RequestId request, LoadKey key, TokenCount claims, AdmissionId admission, bool sent) {
-    parked_.emplace(request, Parked{key, claims, admission, !sent, false});
-    if (sent) ++in_flight_;
+  /// `request` waits on the load `p.key` (`p.dropped`: it never reached the ranks).
+  void park_on_load(RequestId request, Parked p) {
+    p.transfer = false;
+    if (!p.dropped) ++in_flight_;
+    parked_.insert_or_assign(request, std::move(p));
   }
   /// `request` waits on a P/D transfer.
   void park_on_transfer(RequestId request, TokenCount claims, AdmissionId admission) {
-    parked_.emplace(request, Parked{LoadKey{}, claims, admission, false, true});
+    Parked p;
+    p.claims = claims;
+    p.admission = admission;
+    p.transfer = true;
+    parked_.insert_or_assign(request, std::move(p));
     ++on_transfers_;
   }
 
@@ -61,7 +74,7 @@ class ParkingLedger {
   std::optional<Parked> leave(RequestId request) {
     const auto it = parked_.find(request);
     if (it == parked_.end()) return std::nullopt;
-    const Parked p = it->second;
+    Parked p = std::move(it->second);
     parked_.erase(it);
     if (p.transfer) --on_transfers_;
     else if (!p.dropped) --in_flight_;

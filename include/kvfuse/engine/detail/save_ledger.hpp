@@ -29,6 +29,19 @@
 
 namespace kvfuse::detail {
 
+/// Hands `item` to the engine's transport: true when it is on its way to every rank. A
+/// transport that throws is taken as one that dropped it (the item reached no rank), so
+/// the books never hold a dispatched item nobody tracks: the caller resolves it as
+/// dropped. Scheduler thread.
+template <class Transport, class Item>
+bool transport_took(Transport& transport, const Item& item) noexcept {
+  try {
+    return static_cast<bool>(transport.send(item));
+  } catch (...) {
+    return false;
+  }
+}
+
 /// See the file comment. Every member: scheduler thread only.
 class SaveLedger {
  public:
@@ -58,14 +71,14 @@ class SaveLedger {
 
   /// Takes a ticket for `save` from `index`, dispatches it through `transport` and books it
   /// as reading `source` (`state`: the hash a state save stores). `refused`: no ticket,
-  /// nothing sent. `dropped`: the transport dropped it before any rank saw it, so it is
+  /// nothing sent. `dropped`: the transport dropped it (or threw) before any rank saw it, so it is
   /// settled here (released, stored failed) and booked nowhere. Otherwise `saved`.
   template <class Index, class Transport, class Save>
   CheckpointResult submit(Index& index, Transport& transport, Source source, std::optional<PrefixHash> state, Save save) {
     auto grant = index.request_save(std::move(save));
     if (!grant) return CheckpointResult::refused;
     const Save dispatched = grant.ticket().dispatch();
-    if (!static_cast<bool>(transport.send(dispatched))) {
+    if (!transport_took(transport, dispatched)) {
       (void)index.settle_save(SaveSettlement{dispatched.key, SavePhase::released, true});
       (void)index.settle_save(SaveSettlement{dispatched.key, SavePhase::stored, false});
       return CheckpointResult::dropped;

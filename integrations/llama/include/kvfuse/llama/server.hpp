@@ -167,7 +167,7 @@ class Server {
         s.state_missed = u->state_missed;
         if (u->tokens > 0) {
           resume = stateful ? u->tokens : std::max(u->tokens, s.hbm);
-          s.bytes_loaded = bytes_of(d.plan);
+          s.bytes_loaded = u->salvaged ? bytes_salvaged(d.plan, u->tokens) : bytes_of(d.plan);
         }
       }
     }
@@ -368,6 +368,15 @@ class Server {
   std::size_t bytes_of(const LoadPlan& plan) const noexcept {
     const IndexRange chunks = chunk_range(plan, PlanGrids{geometry_.block_tokens, geometry_.chunk_tokens});
     return chunks.size() * geometry_.chunk_bytes() + (state_boundary(plan) ? state_entry_bytes() : 0);
+  }
+
+  // A salvaged load kept the plan's chunks below `tokens` (a dense prefix) or a state that
+  // a second load brought, not what the plan claimed; count what landed and is used.
+  std::size_t bytes_salvaged(const LoadPlan& plan, TokenCount tokens) const noexcept {
+    const IndexRange chunks = chunk_range(plan, PlanGrids{geometry_.block_tokens, geometry_.chunk_tokens});
+    const std::uint64_t kept_end = std::min<std::uint64_t>(chunks.last, tokens / geometry_.chunk_tokens);
+    const std::uint64_t kept = kept_end > chunks.first ? kept_end - chunks.first : 0;
+    return kept * geometry_.chunk_bytes() + (stateful ? state_entry_bytes() : 0);
   }
 
   static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
