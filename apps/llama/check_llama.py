@@ -167,6 +167,8 @@ def usage(binary):
         (["--ubatch", "48"], "48"),
         (["--tier", "redis"], "--redis"),
         (["--tier", "redis", "--redis", "localhost:6379x"], "--redis: kvfuse: invalid_argument: redis address 'localhost:6379x' has a port that is not a decimal number"),
+        (["--tier", "redis-cluster"], "--tier redis-cluster: needs --redis"),
+        (["--tier", "redis-cluster", "--redis", "127.0.0.1:1,localhost"], "redis address 'localhost' has no port"),
         (["--passes", "1", "--control", "flip-kv"], "--passes 2"),
         (["--checkpoints", "sometimes"], "sometimes"),
         (["--model", "llama", "--control", "wrong-boundary", "--ttft", "none", "--workload", "conversations",
