@@ -474,6 +474,18 @@ def report(r: Results, out_dir: str, trace: str) -> int:
         t.row(f"  the same through a DenseConnector load (lane hand-off), {kib} KiB chunks",
               m(red, f"BM_RedisLoad/chunk_KiB:{kib}/connector:1/manual_time", "kvfuse_over_hiredis"), "x")
 
+    cl = "kvfuse_bench_redis_cluster"
+    t.section("RedisClusterTier (kvfuse_bench_redis_cluster; own clusters on loopback; medians, both sides in the same iterations)")
+    for kib in (16, 256):
+        row = f"BM_ClusterBatch/chunk_KiB:{kib}/real_time"
+        t.row(f"3-primary cluster / one RedisTier node, time per 64 x {kib} KiB batch",
+              m(cl, row, "cluster_over_single"), "x", "<=", 1.3)
+        t.row(f"  round trips per batch / nodes touched, {kib} KiB chunks",
+              ratio(m(cl, row, "round_trips_per_batch"), m(cl, row, "nodes_touched")), "x", "<=", 1)
+    for kib in (16, 256):
+        t.row(f"cluster tier, all slots on one primary / RedisTier on it, throughput, 64 x {kib} KiB",
+              m(cl, f"BM_ClusterRouting/chunk_KiB:{kib}/real_time", "cluster_over_single_throughput"), "x", ">=", 0.90)
+
     t.section("runtime and tiers (informative)")
     t.row("HostRuntime copy_async / memcpy bytes/s, 64 MiB, 1 MiB ops, threaded",
           m(rt, "BM_CopyAsyncVsMemcpy/chunk_KiB:1024/inline:0/manual_time", "vs_memcpy"), "x")

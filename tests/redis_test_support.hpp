@@ -15,6 +15,7 @@
 
 #include <kvfuse/tier/redis_tier.hpp>
 
+#include "process_support.hpp"
 #include "test_support.hpp"
 
 #include <chrono>
@@ -32,24 +33,10 @@
 #define KVFUSE_REDIS_INSTALL "apt-get install -y libhiredis-dev redis-server"
 #endif
 
-extern char** environ;
-
 namespace kvfuse::testing {
 
 /// The redis-server executable on PATH (or in /usr/sbin, /usr/bin), or "".
-inline std::string find_redis_server() {
-  std::vector<std::string> dirs;
-  if (const char* path = std::getenv("PATH")) {
-    std::stringstream in(path);
-    for (std::string dir; std::getline(in, dir, ':');) dirs.push_back(dir);
-  }
-  dirs.insert(dirs.end(), {"/usr/sbin", "/usr/bin", "/usr/local/bin"});
-  for (const std::string& dir : dirs) {
-    const std::string candidate = dir + "/redis-server";
-    if (!dir.empty() && ::access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return {};
-}
+inline std::string find_redis_server() { return find_executable("redis-server"); }
 
 /// One redis-server process for one test.
 class RedisServer {
@@ -78,18 +65,9 @@ class RedisServer {
                                      "--save", "", "--appendonly", "no", "--dir", dir_.path.string(),
                                      "--logfile", (dir_.path / "redis.log").string(), "--daemonize", "no"};
     args.insert(args.end(), extra_.begin(), extra_.end());
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
     std::filesystem::remove(socket_);
-    // The server's output goes to its log file; it must not hold the test's stdout open.
-    posix_spawn_file_actions_t files;
-    posix_spawn_file_actions_init(&files);
-    for (const int fd : {0, 1, 2}) posix_spawn_file_actions_addopen(&files, fd, "/dev/null", fd == 0 ? O_RDONLY : O_WRONLY, 0);
-    pid_t pid = 0;
-    const int spawned = ::posix_spawn(&pid, executable_.c_str(), &files, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&files);
-    REQUIRE(spawned == 0);
+    const pid_t pid = spawn_quiet(std::move(args));  // its output goes to its log file
+    REQUIRE(pid > 0);
     pid_ = pid;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!answers()) {

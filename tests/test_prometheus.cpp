@@ -767,3 +767,45 @@ TEST_CASE("prometheus: the parser in this test refuses what the format forbids")
   CHECK(!parse("# HELP a x\n# TYPE a gauge\na 1").errors.empty());                         // no final newline
   CHECK(!parse("# HELP a x\n# TYPE a gauge\na 1\n# HELP b x\n# TYPE b gauge\nb 1\na 2\n").errors.empty());  // split
 }
+
+TEST_CASE("prometheus: a cluster tier writes its totals, its cluster counters and one labelled set per node, or nothing") {
+  RedisClusterTierStats s;
+  s.totals = RedisTierStats{14001, 14002, 14003, 14004, 14005, 14006, 14007, 14008, 14009, 14010, 14011, 14012};
+  s.cluster = RedisClusterCounters{15001, 15002, 15003, 15004, 15005, 15006, 15007};
+  s.nodes.push_back(RedisClusterNodeStats{"127.0.0.1:7000", 16001, 16002, 16003, 16004, 16005});
+  s.nodes.push_back(RedisClusterNodeStats{"127.0.0.1:7001", 17001, 17002, 17003, 17004, 17005});
+  PrometheusText text({{"model", "k3"}}, kNow);
+  text.add(s, {{"rank", "3"}});
+  const Parsed parsed = parse(text.str());
+  for (const std::string& e : parsed.errors) FAIL_CHECK(e);
+  const Labels tier{{"model", "k3"}, {"rank", "3"}, {"tier", "redis-cluster"}};
+  const std::pair<const char*, std::uint64_t> totals[] = {
+      {"kvfuse_tier_hits_total", 14001}, {"kvfuse_tier_round_trips_total", 14008}, {"kvfuse_tier_dropped_connections_total", 14012},
+      {"kvfuse_tier_moved_total", 15001}, {"kvfuse_tier_asks_total", 15002}, {"kvfuse_tier_tryagain_total", 15003},
+      {"kvfuse_tier_clusterdown_total", 15004}, {"kvfuse_tier_redirect_failures_total", 15005},
+      {"kvfuse_tier_map_refreshes_total", 15006}, {"kvfuse_tier_map_refresh_failures_total", 15007}};
+  for (const auto& [family, value] : totals) {
+    INFO(family);
+    const ParsedSample* sample = find_sample(parsed, family, tier);
+    REQUIRE(sample != nullptr);
+    CHECK(as_u64(sample->value) == value);
+  }
+  const char* node_families[] = {"kvfuse_tier_node_requests_total", "kvfuse_tier_node_round_trips_total",
+                                 "kvfuse_tier_node_redirections_total", "kvfuse_tier_node_timeouts_total",
+                                 "kvfuse_tier_node_failures_total"};
+  for (std::size_t n = 0; n < 2; ++n)
+    for (std::size_t f = 0; f < 5; ++f) {
+      Labels labels = tier;
+      labels["node"] = s.nodes[n].address;
+      INFO(node_families[f], " ", s.nodes[n].address);
+      const ParsedSample* sample = find_sample(parsed, node_families[f], labels);
+      REQUIRE(sample != nullptr);
+      CHECK(as_u64(sample->value) == (n == 0 ? 16001u : 17001u) + f);
+    }
+  CHECK(text.sample_count() == 12 + 7 + 2 * 5);
+  // The same series again, or a node label of the caller's: refused, nothing added.
+  const std::size_t before = text.sample_count();
+  CHECK_THROWS_AS(text.add(s, {{"rank", "3"}}), Error);
+  CHECK_THROWS_AS(text.add(s, {{"node", "x"}}), Error);
+  CHECK(text.sample_count() == before);
+}

@@ -2,7 +2,7 @@
 // own: store, load back, every byte checked; a server killed or paused mid-load (R1); a
 // second engine that re-seeds from the shared tier with SCAN (R18); a server restarted empty.
 // Built and run under ThreadSanitizer as well (the *_threads.cpp rule).
-#include "connector_harness.hpp"
+#include "redis_engine_harness.hpp"
 #include "redis_test_support.hpp"
 
 #include <kvfuse/engine/index_consistency.hpp>
@@ -19,105 +19,9 @@ using namespace kvfuse::testing;
 
 namespace {
 
-constexpr std::uint32_t kWorld = 4;
-
-/// Index + quorum + pump, and the settlements a scheduler would act on.
-struct Engine : PumpedEngine {
-  Engine() : PumpedEngine(kWorld, 4) {}
-};
-
-/// One rank: pools and its connector over `tier` (the rank's own RedisTier, or one shared
-/// by every rank of the engine: keys carry the rank).
-template <class Conn>
-struct Rank {
-  DevicePools<HostRuntime> pools;
-  Conn conn;
-  Rank(HostRuntime& rt, std::uint32_t rank, TpQuorum& group, RedisTier& tier)
-      : pools(rt, small_geometry(rank, kWorld)), conn(make(rt, group, tier)) {}
-  Conn make(HostRuntime& rt, TpQuorum& group, RedisTier& tier) {
-    if constexpr (Conn::has_state)
-      return Conn(pools.geo, rt, pools.memory(), PagedKv<RedisTier>(tier), typename Conn::state_leg_type(tier), group);
-    else
-      return Conn(pools.geo, rt, pools.memory(), PagedKv<RedisTier>(tier), NoState{}, group);
-  }
-};
-
-/// An engine's ranks and their tiers: one RedisTier per rank, or one for all.
-template <class Conn>
-struct Ranks {
-  std::vector<std::unique_ptr<RedisTier>> tiers;
-  std::vector<std::unique_ptr<Rank<Conn>>> ranks;
-  Ranks(HostRuntime& rt, Engine& engine, const RedisServer& server, bool one_tier) {
-    for (std::uint32_t r = 0; r < kWorld; ++r) {
-      if (!one_tier || tiers.empty()) tiers.push_back(std::make_unique<RedisTier>(server.options()));
-      ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, engine.group, *tiers.back()));
-    }
-  }
-  ~Ranks() { ranks.clear(); }  // connectors (and their lanes) before the tiers
-};
-
-struct Prompt {
-  RankGeometry geo = small_geometry(0, kWorld);
-  TokenCount tokens;
-  TokenCount boundary;
-  std::vector<PrefixHash> keys;
-  std::vector<BlockId> saved_blocks;
-  PrefixHash state_hash;
-  Prompt(std::uint64_t seed, std::size_t chunks)
-      : tokens(chunks * geo.chunk_tokens),
-        boundary(tokens - geo.block_tokens),
-        keys(chunk_keys(seed, chunks)),
-        saved_blocks(block_range(0, tokens / geo.block_tokens)),
-        state_hash{0x5000 + seed} {}
-};
-
-/// The forward wrote the prompt on every rank; the engine saves its KV (and its state).
-template <class Conn>
-void save_prompt(Engine& engine, Ranks<Conn>& ranks, const Prompt& p) {
-  const KvSave kv = engine.index.request_save(KvSave{SaveKey{p.keys.back(), {}}, p.keys, p.saved_blocks}).take_ticket().dispatch();
-  std::optional<StateSave> state;
-  if constexpr (Conn::has_state)
-    state = engine.index.request_save(StateSave{SaveKey{p.state_hash, {}}, SlotId{0}, p.boundary}).take_ticket().dispatch();
-  for (auto& rank : ranks.ranks) {
-    rank->pools.write_prompt(p.saved_blocks, p.tokens);
-    if constexpr (Conn::has_state) rank->pools.write_state(SlotId{0}, p.state_hash);
-    rank->conn.save_kv(kv);
-    if constexpr (Conn::has_state) rank->conn.save_state(*state);
-  }
-  const std::size_t saves = Conn::has_state ? 2 : 1;
-  REQUIRE(engine.settle(0, 2 * saves));
-  for (std::size_t i = engine.stores.size() - 2 * saves; i < engine.stores.size(); ++i) CHECK(engine.stores[i].ok);
-}
-
-/// Dispatches a load of the whole prompt (joint for stateful presets) to every rank.
-template <class Conn>
-LoadRequest load_prompt(Engine& engine, Ranks<Conn>& ranks, const Prompt& p, RequestId id, std::uint32_t first_block) {
-  std::optional<StateSpec> state;
-  if constexpr (Conn::has_state)
-    state = StateSpec{p.boundary, p.state_hash, SlotId{2}, p.geo.block_tokens, p.geo.chunk_tokens};
-  LoadGrant grant =
-      engine.index.request_load(id, KvSpec{0, p.tokens, p.keys, block_range(first_block, p.tokens / p.geo.block_tokens)}, state);
-  REQUIRE(grant.granted());
-  const LoadRequest request = grant.ticket().dispatch();
-  for (auto& rank : ranks.ranks) rank->conn.load(request);
-  return request;
-}
-
-template <class Conn>
-void wipe(Ranks<Conn>& ranks) {
-  for (auto& rank : ranks.ranks) {
-    std::memset(rank->pools.blocks, 0, rank->pools.geo.num_blocks * rank->pools.geo.block_bytes());
-    std::memset(rank->pools.slots, 0, rank->pools.geo.num_slots * rank->pools.geo.slot_bytes);
-  }
-}
-
-template <class Conn>
-void check_every_byte(Ranks<Conn>& ranks, const Prompt& p, std::uint32_t first_block) {
-  for (auto& rank : ranks.ranks) {
-    CAPTURE(rank->pools.geo.rank);
-    CHECK(rank->pools.holds_prompt(block_range(first_block, p.tokens / p.geo.block_tokens), 0, p.tokens));
-    if constexpr (Conn::has_state) CHECK(rank->pools.holds_state(SlotId{2}, p.state_hash));
-  }
+/// Makes RedisTiers on `server`.
+auto tiers_on(const RedisServer& server) {
+  return [&server] { return std::make_unique<RedisTier>(server.options()); };
 }
 
 /// Store a 4-chunk prompt, wipe the device, load it back, check every byte on every rank;
@@ -127,7 +31,7 @@ void run_preset(bool one_tier) {
   RedisServer server;
   HostRuntime rt;
   Engine engine;
-  Ranks<Conn> ranks(rt, engine, server, one_tier);
+  Ranks<Conn> ranks(rt, engine, tiers_on(server), one_tier);
   const Prompt p(7, 4);
   save_prompt(engine, ranks, p);
   if constexpr (Conn::has_state) CHECK(engine.index.could_serve(p.state_hash));
@@ -187,7 +91,7 @@ TEST_CASE("redis presets: a KV load of N chunks is one round trip per rank") {
   RedisServer server;
   HostRuntime rt;
   Engine engine;
-  Ranks<Conn> ranks(rt, engine, server, false);
+  Ranks<Conn> ranks(rt, engine, tiers_on(server), false);
   const Prompt p(9, 16);  // 16 chunks: the geometry's max_chunks_per_load
   save_prompt(engine, ranks, p);
   std::vector<std::uint64_t> before;
@@ -205,7 +109,7 @@ TEST_CASE("R1 loads in flight when the redis server is killed or paused report o
   RedisServer server;
   HostRuntime rt;
   Engine engine;
-  Ranks<Conn> ranks(rt, engine, server, true);
+  Ranks<Conn> ranks(rt, engine, tiers_on(server), true);
   const Prompt p(11, 16);
   save_prompt(engine, ranks, p);
 
@@ -270,7 +174,7 @@ TEST_CASE("R18 a second engine re-seeds its index from the redis tier with SCAN 
   {  // The first engine stores a prompt and a checkpoint; one more checkpoint reaches ranks 0-2 only.
     HostRuntime rt;
     Engine engine;
-    Ranks<Conn> ranks(rt, engine, server, true);
+    Ranks<Conn> ranks(rt, engine, tiers_on(server), true);
     save_prompt(engine, ranks, p);
     for (std::uint32_t r = 0; r + 1 < kWorld; ++r)
       REQUIRE(ranks.tiers[0]->put(TierKey{p.geo.model, partial, kWorld, r, EntryKind::state},
@@ -279,7 +183,7 @@ TEST_CASE("R18 a second engine re-seeds its index from the redis tier with SCAN 
   // The second engine: its own index, ranks and tier objects, the same server and prefix.
   HostRuntime rt;
   Engine engine;
-  Ranks<Conn> ranks(rt, engine, server, true);
+  Ranks<Conn> ranks(rt, engine, tiers_on(server), true);
   CHECK_FALSE(engine.index.could_serve(p.state_hash));
   const std::vector<std::vector<TierKey>> lists{ranks.tiers[0]->keys(EntryKind::state)};  // every rank's keys in one list
   CHECK(reseed_state_hashes(engine.index, lists, p.geo.model, kWorld) == 1);
@@ -296,7 +200,7 @@ TEST_CASE("redis presets: a server restarted empty makes loads miss and retracts
   RedisServer server;
   HostRuntime rt;
   Engine engine;
-  Ranks<Conn> ranks(rt, engine, server, false);
+  Ranks<Conn> ranks(rt, engine, tiers_on(server), false);
   const Prompt p(31, 2);
   save_prompt(engine, ranks, p);
   REQUIRE(engine.index.could_serve(p.state_hash));

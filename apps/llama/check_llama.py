@@ -9,6 +9,8 @@
   check_llama.py redis BIN                    two processes, one redis-server started here: the
                                               second restores what the first saved and gives its
                                               outputs bit for bit; a doctored expected file fails
+  check_llama.py cluster BIN                  the same with a Redis Cluster started here (3
+                                              primaries, 3 replicas) the two processes share
   check_llama.py usage BIN                    bad arguments and input exit 2 naming the value
 """
 import json
@@ -19,6 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from redis_cluster import redis_cluster  # noqa: E402
 from redis_server import redis_server  # noqa: E402
 
 ZEROS = ["invariant_violations", "corrupted_loads", "stranded_parked", "leaked_slots", "two_pass_delta"]
@@ -112,8 +115,17 @@ def control(binary, model, which):
 
 
 def redis(binary):
-    with redis_server() as sock, tempfile.TemporaryDirectory() as tmp:
-        tier = ["--tier", "redis", "--redis", "unix:" + sock, "--key-prefix", "kvfuse-llama-test:"]
+    with redis_server() as sock:
+        two_engines(binary, ["--tier", "redis", "--redis", "unix:" + sock, "--key-prefix", "kvfuse-llama-test:"])
+
+
+def cluster(binary):
+    with redis_cluster() as c:
+        two_engines(binary, ["--tier", "redis-cluster", "--redis", c.seeds(), "--key-prefix", "kvfuse-llama-test:"])
+
+
+def two_engines(binary, tier):
+    with tempfile.TemporaryDirectory() as tmp:
         first_out = os.path.join(tmp, "first.json")
         # The first engine: both passes (its own comparison), saving into the server.
         first, _ = run(binary, [*WORKLOAD, *tier, "--outputs-out", first_out], 0)
@@ -155,6 +167,8 @@ def usage(binary):
         (["--ubatch", "48"], "48"),
         (["--tier", "redis"], "--redis"),
         (["--tier", "redis", "--redis", "localhost:6379x"], "--redis: kvfuse: invalid_argument: redis address 'localhost:6379x' has a port that is not a decimal number"),
+        (["--tier", "redis-cluster"], "--tier redis-cluster: needs --redis"),
+        (["--tier", "redis-cluster", "--redis", "127.0.0.1:1,localhost"], "redis address 'localhost' has no port"),
         (["--passes", "1", "--control", "flip-kv"], "--passes 2"),
         (["--checkpoints", "sometimes"], "sometimes"),
         (["--model", "llama", "--control", "wrong-boundary", "--ttft", "none", "--workload", "conversations",
@@ -175,5 +189,5 @@ def usage(binary):
 
 if __name__ == "__main__":
     what, *rest = sys.argv[1:]
-    {"two-pass": two_pass, "control": control, "redis": redis, "usage": usage}[what](*rest)
+    {"two-pass": two_pass, "control": control, "redis": redis, "cluster": cluster, "usage": usage}[what](*rest)
     print("ok")

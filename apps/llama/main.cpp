@@ -228,10 +228,10 @@ int main(int argc, char** argv) {
   app.add_option("--trace-block-tokens", o.trace.block_tokens, "tokens that stand for one 512-token block of the trace")->check(CLI::Range(1, 512));
   app.add_option("--max-output", o.trace.max_output, "most output tokens of a trace request")->check(CLI::Range(1, 256));
   app.add_option("--passes", passes, "2: offload off, then on, compared; 1: offload on only")->check(CLI::Range(1, 2));
-  app.add_option("--tier", o.tier, "the tier of pass 2: memory+disk (a MemoryTier in front of a DiskTier), or redis")
-      ->check(CLI::IsMember({"memory+disk", "redis"}));
-  app.add_option("--redis", o.redis, "with --tier redis: the server, unix:PATH or HOST:PORT");
-  app.add_option("--key-prefix", o.key_prefix, "with --tier redis: the prefix of every key (runs with the same prefix share entries; they expire after 30 minutes)");
+  app.add_option("--tier", o.tier, "the tier of pass 2: memory+disk (a MemoryTier in front of a DiskTier), redis, or redis-cluster")
+      ->check(CLI::IsMember({"memory+disk", "redis", "redis-cluster"}));
+  app.add_option("--redis", o.redis, "with --tier redis: the server, unix:PATH or HOST:PORT; with --tier redis-cluster: the seeds, HOST:PORT[,HOST:PORT...]");
+  app.add_option("--key-prefix", o.key_prefix, "with --tier redis or redis-cluster: the prefix of every key (runs with the same prefix share entries; they expire after 30 minutes)");
   app.add_option("--tier-capacity", o.memory_bytes, "bytes of the memory tier")->check(CLI::Range(std::size_t{1} << 16, std::size_t{1} << 40));
   app.add_option("--dir", o.dir, "where the disk tier lives (a temporary directory under it, removed at exit)")->check(CLI::ExistingDirectory);
   app.add_option("--chunk-tokens", o.settings.chunk_tokens, "tokens per tier chunk (a multiple of --block-tokens)")->check(CLI::Range(1, 1 << 16));
@@ -293,10 +293,25 @@ int main(int argc, char** argv) {
       return usage_error(app, std::string("--redis: ") + e.what());
     }
   }
+  if (o.tier == "redis-cluster") {
+    if (o.redis.empty()) return usage_error(app, "--tier redis-cluster: needs --redis HOST:PORT[,HOST:PORT...]");
+    try {
+      RedisClusterTierOptions r;
+      r.add_seeds(o.redis);
+      r.key_prefix = o.key_prefix;
+      r.ttl = std::chrono::minutes(30);
+      RedisClusterTier probe(r);  // bad seeds or no reachable one: a usage error, before anything runs
+      o.cluster_options = r;
+    } catch (const kvfuse::Error& e) {
+      return usage_error(app, std::string("--redis: ") + e.what());
+    }
+  }
 #else
-  if (o.tier == "redis") return usage_error(app, "--tier redis: this kvfuse-llama was built without hiredis (apt-get install libhiredis-dev)");
+  if (o.tier == "redis" || o.tier == "redis-cluster")
+    return usage_error(app, "--tier " + o.tier + ": this kvfuse-llama was built without hiredis (apt-get install libhiredis-dev)");
 #endif
-  if (o.tier != "redis" && !o.redis.empty()) return usage_error(app, "--redis: only with --tier redis");
+  if (o.tier != "redis" && o.tier != "redis-cluster" && !o.redis.empty())
+    return usage_error(app, "--redis: only with --tier redis or redis-cluster");
 
   nlohmann::json expected;
   if (!outputs_expected.empty()) {
@@ -358,7 +373,7 @@ int main(int argc, char** argv) {
 
   std::printf("\nkvfuse-llama: llama.cpp %s, CPU, %u threads, ubatch %u; grids: blocks of %u tokens, chunks of %u; pass 2 tier: %s\n",
               std::string(pinned_llama_commit.substr(0, 8)).c_str(), o.threads, o.ubatch, o.block_tokens, o.settings.chunk_tokens,
-              o.tier == "redis" ? ("redis at " + o.redis).c_str() : ("a " + thousands(o.memory_bytes) + "-byte memory tier in front of a disk tier").c_str());
+              o.tier == "redis" ? ("redis at " + o.redis).c_str() : o.tier == "redis-cluster" ? ("a redis cluster, seeds " + o.redis).c_str() : ("a " + thousands(o.memory_bytes) + "-byte memory tier in front of a disk tier").c_str());
   for (std::size_t w = 0; w < o.workloads.size(); ++w) print_workload(results, w, o.settings.two_passes);
   if (!o.ttft.empty()) print_ttft(results, o.ttft_reps);
   if (!outputs_expected.empty())

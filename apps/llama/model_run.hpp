@@ -7,6 +7,7 @@
 #include "workload.hpp"
 
 #if KVFUSE_LLAMA_WITH_REDIS
+#include <kvfuse/tier/redis_cluster_tier.hpp>
 #include <kvfuse/tier/redis_tier.hpp>
 #endif
 
@@ -30,6 +31,7 @@ struct Options {
   std::string tier = "memory+disk", redis, key_prefix = "kvfuse-llama:";
 #if KVFUSE_LLAMA_WITH_REDIS
   std::optional<RedisTierOptions> redis_options;  ///< set when pass 2 runs over a Redis server
+  std::optional<RedisClusterTierOptions> cluster_options;  ///< set when pass 2 runs over a Redis Cluster
 #endif
   std::size_t memory_bytes = std::size_t{64} << 20;
   std::string dir = std::filesystem::temp_directory_path().string();
@@ -63,6 +65,13 @@ ModelResult run_model(const std::string& name, const SequenceRunner& runner, con
       r.key_prefix += w.name + ":";  // each workload its keys; runs with the same prefix share them
       RedisTier tier(r);
       m.runs.push_back(run_workload<ServerOf<RedisTier>>(runner, w, o.settings, tier));
+      continue;
+    }
+    if (o.cluster_options) {
+      RedisClusterTierOptions r = *o.cluster_options;
+      r.key_prefix += w.name + ":";
+      RedisClusterTier tier(r);
+      m.runs.push_back(run_workload<ServerOf<RedisClusterTier>>(runner, w, o.settings, tier));
       continue;
     }
 #endif

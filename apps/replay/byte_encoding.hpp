@@ -89,11 +89,12 @@ struct ByteReader {
 /// Every counter of a TierSnapshot as one trivially copyable struct: ControlOp::tier_snapshot's reply.
 struct TierSnapshotWire {
   TierCalls calls;
-  bool has_memory = false, has_disk = false, has_stack = false, has_redis = false;
+  bool has_memory = false, has_disk = false, has_stack = false, has_redis = false, has_cluster = false;
   kvfuse::MemoryTierStats memory;
   kvfuse::DiskTierStats disk;
   kvfuse::TieredTierStats stack;
   kvfuse::RedisTierStats redis;
+  kvfuse::RedisClusterCounters cluster;
   std::uint64_t quarantined = 0;
 };
 static_assert(std::is_trivially_copyable_v<TierSnapshotWire>);
@@ -106,10 +107,12 @@ inline TierSnapshotWire to_wire(const TierSnapshot& s) noexcept {
   w.has_disk = s.disk.has_value();
   w.has_stack = s.stack.has_value();
   w.has_redis = s.redis.has_value();
+  w.has_cluster = s.cluster.has_value();
   if (s.memory) w.memory = *s.memory;
   if (s.disk) w.disk = *s.disk;
   if (s.stack) w.stack = *s.stack;
   if (s.redis) w.redis = *s.redis;
+  if (s.cluster) w.cluster = *s.cluster;
   w.quarantined = s.quarantined;
   return w;
 }
@@ -122,6 +125,7 @@ inline TierSnapshot from_wire(const TierSnapshotWire& w) {
   if (w.has_disk) s.disk = w.disk;
   if (w.has_stack) s.stack = w.stack;
   if (w.has_redis) s.redis = w.redis;
+  if (w.has_cluster) s.cluster = w.cluster;
   s.quarantined = w.quarantined;
   return s;
 }

@@ -19,6 +19,11 @@
   check_replay.py redis REPLAY          --tier redis against a redis-server started here (unix
                                         socket in a temporary directory): the five zeros, and
                                         one round trip per KV load
+  check_replay.py cluster REPLAY        --tier redis-cluster against a 3-primary, 3-replica cluster
+                                        started here, a primary SIGKILLed once the offload-on
+                                        pass has stored entries: the five zeros on both passes,
+                                        the kill hit the run (failed gets or puts counted), the
+                                        tier served loads
   check_replay.py processes REPLAY      the faults test with --ranks-as processes: the five zeros,
                                         the kill fault killed a rank process mid-load and the
                                         engine saw it, tore down the running admissions and got
@@ -38,6 +43,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from redis_cluster import redis_cluster  # noqa: E402
 from redis_server import redis_server  # noqa: E402
 
 ZEROS = ["invariant_violations", "corrupted_bytes", "stranded_parked", "leaked_slots", "two_pass_delta"]
@@ -402,6 +408,10 @@ def usage(replay, path):
             (["--snapshot-slots", "-1"], "--snapshot-slots"),
             (["--tier", "redis", "--redis", "localhost"], "--redis: kvfuse: invalid_argument: redis address 'localhost' has no port"),
             (["--tier", "redis", "--redis", "localhost:65536"], "'localhost:65536' has a port outside"),
+            (["--tier", "redis-cluster"], "--tier redis-cluster: needs its seeds"),
+            (["--tier", "redis-cluster:localhost"], "redis address 'localhost' has no port"),
+            (["--tier", "redis-cluster:127.0.0.1:1,"], "redis address '' has no port"),
+            (["--tier", "redis-clusters:x"], "redis-clusters:x"),
         ]
         for args, needle in cases:
             proc = subprocess.run([replay, *args, "--json", json_out], capture_output=True, text=True, timeout=60)
@@ -443,8 +453,66 @@ def redis(replay):
             print(f"{name}: {loads} KV loads, {reads} KV round trips for {chunks} chunks; {server} round trips in all")
 
 
+def cluster(replay):
+    with redis_cluster(node_timeout_ms=500) as c, tempfile.TemporaryDirectory() as tmp:
+        out, metrics, log = (os.path.join(tmp, name) for name in ("report.json", "metrics.prom", "stdout.txt"))
+        args = [replay, "--tier", "redis-cluster:" + c.seeds(), "--model", "dense,k3,dsv4", "--sessions", "40", "--turns", "5",
+                "--ranks", "4", "--blocks", "240", "--two-pass", "--json", out, "--metrics-out", metrics, *fast_dir()]
+        with open(log, "w") as stdout:
+            proc = subprocess.Popen(args, stdout=stdout, stderr=subprocess.STDOUT)
+            try:
+                # Entries in the cluster: the first offload-on pass is running. Kill a primary under it.
+                while c.keys_held() < 100 and proc.poll() is None:
+                    time.sleep(0.05)
+                if proc.poll() is not None:
+                    fail("the replay ended before the cluster held 100 entries: no primary was killed mid-run")
+                victim = c.primaries()[0]
+                c.kill(victim)
+                killed_at = time.monotonic()
+                print(f"killed the primary on port {victim} with {c.keys_held()} entries in the others")
+                c.wait_converged("the replica's promotion")
+                promoted_at = time.monotonic()
+                running = proc.poll() is None
+                rc = proc.wait(timeout=1200)
+                print(f"the cluster converged {promoted_at - killed_at:.1f} s after the kill, "
+                      f"{'with the replay still running' if running else 'after the replay ended'}; "
+                      f"the replay ended {time.monotonic() - killed_at:.1f} s after the kill")
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        with open(log) as f:
+            print(f.read())
+        if rc != 0:
+            fail(f"exit status {rc}, expected 0")
+        with open(out) as f:
+            report = json.load(f)
+        with open(metrics) as f:
+            text = f.read()
+        check_zeros(report, True)
+        for name, m in report["models"].items():
+            if m["reused_tokens"]["tier"] == 0:
+                fail(f"{name}: nothing came back from the cluster")
+
+        def total(family):
+            return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith(family + "{") and 'tier="redis-cluster"' in line)
+        lost = total("kvfuse_tier_get_failures_total") + total("kvfuse_tier_put_failures_total") + \
+            total("kvfuse_tier_timeouts_total")
+        if lost == 0:
+            fail("no get or put failed: the killed primary never touched the run")
+        tiers = [line for line in text.splitlines()
+                 if line.startswith("kvfuse_tier_map_refreshes_total{") and 'tier="redis-cluster"' in line]
+        if total("kvfuse_tier_map_refreshes_total") <= len(tiers):  # each tier learnt its first map
+            fail("no rank's tier learnt a second map: the promoted replica was never found")
+        if total("kvfuse_tier_rejected_total") != 0:
+            fail("values were rejected")
+        print(f"{int(lost)} gets and puts failed around the kill; "
+              f"{int(total('kvfuse_tier_map_refreshes_total'))} maps learnt; the five zeros held")
+
+
 if __name__ == "__main__":
     what, replay_bin, *rest = sys.argv[1:]
     {"faults": faults, "trace": trace, "bound": bound, "hybrid": hybrid, "usage": usage,
-     "redis": redis, "processes": processes, "modes": modes}[what](replay_bin, *rest)
+     "redis": redis, "cluster": cluster, "processes": processes, "modes": modes}[what](replay_bin, *rest)
     print("ok")

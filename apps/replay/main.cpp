@@ -141,8 +141,9 @@ int main(int argc, char** argv) {
     tier_names.emplace_back(t.name);
     tier_help += (tier_names.size() > 1 ? ", " : " ") + std::string(t.name) + " (" + std::string(t.what) + ")";
   }
-  // Without hiredis the choice stays, and says how to get it.
-  if (std::find(tier_names.begin(), tier_names.end(), "redis") == tier_names.end()) tier_names.emplace_back("redis");
+  // Without hiredis the choices stay, and say how to get them.
+  for (const char* remote : {"redis", "redis-cluster"})
+    if (std::find(tier_names.begin(), tier_names.end(), remote) == tier_names.end()) tier_names.emplace_back(remote);
   for (const Fault& f : fault_table()) fault_help += (&f == &fault_table().front() ? " " : ", ") + std::string(f.name);
   fault_help += "; all; none";
   std::vector<std::string> models = selectable;
@@ -169,7 +170,20 @@ int main(int argc, char** argv) {
                  "over a shared memory segment")
       ->check(CLI::IsMember({"threads", "processes"}));
   std::string redis_address;
-  app.add_option("--tier", tier, tier_help)->check(CLI::IsMember(tier_names));
+  // redis-cluster carries its seed list in the choice itself: --tier redis-cluster:SEED[,SEED...].
+  app.add_option("--tier", tier, tier_help + "; redis-cluster is spelled redis-cluster:SEED[,SEED...]")
+      ->check(CLI::Validator(
+          [tier_names](std::string& value) {
+            if (value.starts_with("redis-cluster:")) return std::string();
+            return std::find(tier_names.begin(), tier_names.end(), value) != tier_names.end()
+                       ? std::string()
+                       : "\"" + value + "\" is not a tier (say " + [&] {
+                           std::string all;
+                           for (const std::string& t : tier_names) all += (all.empty() ? "" : ", ") + t;
+                           return all;
+                         }() + ")";
+          },
+          "TIER", "a tier name"));
   app.add_option("--redis", redis_address, "with --tier redis: the server, unix:PATH or HOST:PORT");
   app.add_option("--tier-capacity", capacity, "bytes of each rank's memory tier (1MiB, 64KiB, ...) or unlimited");
   app.add_option("--blocks", blocks, "device KV blocks of 64 tokens per rank (default: twice the longest request)")
@@ -199,6 +213,11 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-out", metrics_out, "write every stats counter in the Prometheus text format to FILE");
   if (const std::optional<int> status = kvfuse_apps::parse_or_usage(app, program, argc, argv)) return *status;
 
+  std::string cluster_seeds;
+  if (tier.starts_with("redis-cluster:")) {
+    cluster_seeds = tier.substr(std::string_view("redis-cluster:").size());
+    tier = "redis-cluster";
+  }
   RunOptions o;
   o.world = ranks;
   o.ranks_as = ranks_as == "processes" ? RanksAs::processes : RanksAs::threads;
@@ -225,6 +244,23 @@ int main(int argc, char** argv) {
     }
 #else
     return usage_error(app, "--tier redis: this kvfuse-replay was built without hiredis (apt-get install libhiredis-dev)");
+#endif
+  }
+  if (tier == "redis-cluster") {
+    if (cluster_seeds.empty()) return usage_error(app, "--tier redis-cluster: needs its seeds, redis-cluster:HOST:PORT[,HOST:PORT...]");
+#if KVFUSE_REPLAY_WITH_REDIS
+    try {
+      kvfuse::RedisClusterTierOptions r;
+      r.add_seeds(cluster_seeds);
+      r.key_prefix = "kvfuse-replay:" + std::to_string(::getpid()) + ":";
+      r.ttl = std::chrono::minutes(30);
+      kvfuse::RedisClusterTier probe(r);  // no reachable seed is a usage error, before anything runs
+      o.tier_options.redis_cluster = r;
+    } catch (const kvfuse::Error& e) {
+      return usage_error(app, std::string("--tier redis-cluster: ") + e.what());
+    }
+#else
+    return usage_error(app, "--tier redis-cluster: this kvfuse-replay was built without hiredis (apt-get install libhiredis-dev)");
 #endif
   }
   o.num_slots = slots;
@@ -267,8 +303,9 @@ int main(int argc, char** argv) {
     return usage_error(app, "--blocks: " + std::to_string(blocks) + " blocks cannot hold the longest request (" +
                                 std::to_string(longest) + " blocks)");
 
-  const std::string tiers = tier == "redis" ? "a RedisTier at " + redis_address
-                                            : "a " + capacity + " memory tier" + (kinds[o.tier].disk ? " in front of a disk tier" : "");
+  const std::string tiers = tier == "redis"           ? "a RedisTier at " + redis_address
+                            : tier == "redis-cluster" ? "a RedisClusterTier with seeds " + cluster_seeds
+                                                      : "a " + capacity + " memory tier" + (kinds[o.tier].disk ? " in front of a disk tier" : "");
   std::printf("kvfuse-replay: %s requests (%s), %u ranks as %s, HostRuntime, per rank %s\n",
               thousands(w.requests.size()).c_str(),
               w.from_trace ? ("trace " + w.source).c_str() : ("built-in sessions, seed " + std::to_string(seed)).c_str(), ranks,

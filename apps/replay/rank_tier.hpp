@@ -11,6 +11,7 @@
 #include "local_tier.hpp"
 
 #include <kvfuse/tier/memory_tier.hpp>
+#include <kvfuse/tier/redis_cluster_tier_stats.hpp>
 #include <kvfuse/tier/redis_tier_stats.hpp>
 #include <kvfuse/tier/tier.hpp>
 
@@ -57,7 +58,8 @@ struct TierSnapshot {
   std::optional<kvfuse::MemoryTierStats> memory;
   std::optional<kvfuse::DiskTierStats> disk;        ///< the open DiskTier's
   std::optional<kvfuse::TieredTierStats> stack;
-  std::optional<kvfuse::RedisTierStats> redis;
+  std::optional<kvfuse::RedisTierStats> redis;         ///< a RedisTier's, or a RedisClusterTier's totals
+  std::optional<kvfuse::RedisClusterCounters> cluster;  ///< a RedisClusterTier's own counters (its nodes stay in the rank)
   std::uint64_t quarantined = 0;                    ///< files quarantined, closed DiskTiers included
 };
 
@@ -166,6 +168,10 @@ class RankTier final : public TierControl {
       s.quarantined = inner_.closed_disk_stats().quarantined + (s.disk ? s.disk->quarantined : 0);
     } else if constexpr (requires { { inner_.stats() } -> std::same_as<kvfuse::RedisTierStats>; }) {
       s.redis = inner_.stats();
+    } else if constexpr (requires { { inner_.stats() } -> std::same_as<kvfuse::RedisClusterTierStats>; }) {
+      const kvfuse::RedisClusterTierStats cluster = inner_.stats();
+      s.redis = cluster.totals;
+      s.cluster = cluster.cluster;
     }
     return s;
   }

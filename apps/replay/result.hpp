@@ -95,7 +95,8 @@ inline void add_metrics(kvfuse::PrometheusText& text, const RunResult& r) {
     if (t.memory) text.add(*t.memory, {{"model", r.model}, {"rank", rank}});
     if (t.disk) text.add(*t.disk, {{"model", r.model}, {"rank", rank}});
     if (t.stack) text.add(*t.stack, {{"model", r.model}, {"rank", rank}});
-    if (t.redis) text.add(*t.redis, {{"model", r.model}, {"rank", rank}});
+    if (t.redis && t.cluster) text.add(kvfuse::RedisClusterTierStats{*t.redis, *t.cluster, {}}, {{"model", r.model}, {"rank", rank}});
+    else if (t.redis) text.add(*t.redis, {{"model", r.model}, {"rank", rank}});
   }
   if (s.pd) text.add(*s.pd, {{"model", r.model}});
 }

@@ -8,6 +8,7 @@
 #include "rank_tier.hpp"
 
 #if KVFUSE_REPLAY_WITH_REDIS
+#include <kvfuse/tier/redis_cluster_tier.hpp>
 #include <kvfuse/tier/redis_tier.hpp>
 #endif
 
@@ -32,6 +33,7 @@ struct TierOptions {
   std::string pass;                                 ///< names the pass: a shared server keeps each pass's keys apart
 #if KVFUSE_REPLAY_WITH_REDIS
   std::optional<kvfuse::RedisTierOptions> redis;    ///< --redis
+  std::optional<kvfuse::RedisClusterTierOptions> redis_cluster;  ///< --tier redis-cluster:SEED[,SEED...]
 #endif
 };
 
@@ -63,12 +65,19 @@ inline const auto tier_table = std::tuple{
                                    r.key_prefix += o.pass + ":";
                                    return kvfuse::RedisTier(r);
                                  }},
+    TierEntry<kvfuse::RedisClusterTier>{{"redis-cluster", "a RedisClusterTier on the cluster of redis-cluster:SEED[,SEED...]", false},
+                                        [](const TierOptions& o, std::uint32_t) {
+                                          kvfuse::RedisClusterTierOptions r = o.redis_cluster.value();
+                                          r.key_prefix += o.pass + ":";
+                                          return kvfuse::RedisClusterTier(r);
+                                        }},
 #endif
 };
 
 #if KVFUSE_REPLAY_WITH_REDIS
 // A remote tier answers a KV load in one round trip only if the ranks' wrapper keeps get_batch.
 static_assert(kvfuse::BatchedTier<kvfuse::RedisTier> && kvfuse::BatchedTier<RankTier<kvfuse::RedisTier>>);
+static_assert(kvfuse::BatchedTier<RankTier<kvfuse::RedisClusterTier>>);
 #endif
 
 inline constexpr std::size_t tier_count = std::tuple_size_v<std::remove_cvref_t<decltype(tier_table)>>;

@@ -80,7 +80,7 @@ class MetricLabels {
 /// rank_queue (one RankQueue), connector, save_fence, tier, loopback_pd.
 ///
 /// Labels: the common labels given at construction go on every sample; each add() adds its
-/// own, and the tier overloads add `tier="memory"`, `tier="disk"` or `tier="redis"`. A sample's labels are
+/// own, and the tier overloads add `tier="memory"`, `tier="disk"`, `tier="redis"` or `tier="redis-cluster"`. A sample's labels are
 /// written sorted by name. One series (family plus label set) may be added once.
 ///
 /// Thread-safety: none inside; one object per thread, any thread. Every member but the
@@ -169,6 +169,30 @@ class PrometheusText {
   /// <kvfuse/tier/redis_tier_stats.hpp>, not hiredis. Owner thread; allocates.
   void add(const RedisTierStats& stats, MetricLabels labels = {}) {
     add_table(labels, {"tier", "redis"}, detail::metrics::tier_prefix, detail::metrics::redis_tier_fields, stats);
+  }
+
+  /// RedisClusterTier::stats(): its totals in the `kvfuse_tier_*` families RedisTier writes,
+  /// with `tier="redis-cluster"`; its cluster counters (`moved`, `asks`, `tryagain`,
+  /// `clusterdown`, `redirect_failures`, `map_refreshes`, `map_refresh_failures`) as
+  /// `kvfuse_tier_*` families of their own; and per primary, labelled `node="HOST:PORT"`,
+  /// `kvfuse_tier_node_{requests,round_trips,redirections,timeouts,failures}_total`. Needs
+  /// only <kvfuse/tier/redis_cluster_tier_stats.hpp>, not hiredis. `labels` may name
+  /// neither `tier` nor `node`. All or nothing. Owner thread; allocates.
+  void add(const RedisClusterTierStats& stats, MetricLabels labels = {}) {
+    const MetricLabel tier{"tier", "redis-cluster"};
+    std::vector<Batch> batches;
+    batches.push_back(Batch{render_labels(labels, tier), {}});
+    collect(batches.back(), detail::metrics::tier_prefix, detail::metrics::redis_tier_fields, stats.totals);
+    collect(batches.back(), detail::metrics::tier_prefix, detail::metrics::redis_cluster_fields, stats.cluster);
+    std::vector<MetricLabel> with_node(labels.span().begin(), labels.span().end());
+    with_node.push_back(tier);
+    for (const RedisClusterNodeStats& node : stats.nodes) {
+      with_node.push_back({"node", node.address});
+      batches.push_back(Batch{render_labels(with_node, {}), {}});
+      collect(batches.back(), detail::metrics::tier_node_prefix, detail::metrics::redis_cluster_node_fields, node);
+      with_node.pop_back();
+    }
+    commit(std::move(batches));
   }
 
   /// One TieredTier::stats(): families `kvfuse_tiered_tier_*` (add the front's and the
@@ -328,6 +352,16 @@ class PrometheusText {
 
   // All or nothing for a repeated series; then appends every sample.
   void commit(Batch&& b) {
+    check_new(b);
+    append(std::move(b));
+  }
+  // The same for several label sets at once (a cluster tier's total and its nodes): all
+  // checked before any is added.
+  void commit(std::vector<Batch>&& batches) {
+    for (const Batch& b : batches) check_new(b);
+    for (Batch& b : batches) append(std::move(b));
+  }
+  void check_new(const Batch& b) const {
     for (const Pending& p : b.samples) {
       const auto it = families_.find(p.name);
       if (it == families_.end()) continue;
@@ -335,6 +369,8 @@ class PrometheusText {
         if (s.labels == b.labels)
           throw Error(ErrorCode::invalid_argument, "PrometheusText: series " + p.name + b.labels + " was already added");
     }
+  }
+  void append(Batch&& b) {
     for (Pending& p : b.samples) {
       Family& family = families_.try_emplace(std::move(p.name), Family{p.type, p.help, {}}).first->second;
       family.samples.push_back(Sample{b.labels, std::move(p.value)});

@@ -38,13 +38,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -53,26 +50,21 @@
 
 #include <kvfuse/error.hpp>
 #include <kvfuse/tier/detail/redis_connection.hpp>
+#include <kvfuse/tier/detail/redis_entry.hpp>
 #include <kvfuse/tier/disk_format.hpp>
 #include <kvfuse/tier/redis_address.hpp>
+#include <kvfuse/tier/redis_client_options.hpp>
 #include <kvfuse/tier/redis_tier_stats.hpp>
 #include <kvfuse/tier/tier.hpp>
 
 namespace kvfuse {
 
-/// Where the server is and how to use it. Checked by RedisTier's constructor.
-struct RedisTierOptions {
+/// Where the server is (and, from RedisClientOptions, how to use it: AUTH, SELECT, key
+/// prefix, TTL, timeouts, the pool). Checked by RedisTier's constructor.
+struct RedisTierOptions : RedisClientOptions {
   std::string host = "127.0.0.1";  ///< TCP host (name or address); ignored with unix_socket
   int port = 6379;                 ///< TCP port, 1..65535; ignored with unix_socket
   std::string unix_socket;         ///< non-empty: connect to this socket path instead of host:port
-  std::string user;                ///< ACL user for AUTH; empty: the default user
-  std::string password;            ///< AUTH on every connection when non-empty
-  int db = 0;                      ///< SELECT this database (0..) on every connection
-  std::string key_prefix = "kvfuse:";  ///< every key starts with it; at most 200 bytes, no glob or space characters
-  std::chrono::milliseconds ttl{0};    ///< expiry of every entry put (SET ... PX); 0: no expiry
-  std::chrono::milliseconds connect_timeout{1000};
-  std::chrono::milliseconds command_timeout{1000};
-  std::size_t max_idle_connections = 16;  ///< pooled connections kept open (one per lane is enough)
 
   /// Points these options at `address` (`HOST:PORT` or `unix:PATH`, read by
   /// parse_redis_address): sets host and port and clears unix_socket, or sets unix_socket.
@@ -138,9 +130,7 @@ class RedisTier {
           for (std::size_t i = 0; i < n; ++i) {
             TierKey k = first;
             k.hash = hashes[i];
-            detail::redis::append_command(cmd, 2);
-            detail::redis::append_bulk(cmd, "GET");
-            append_key(cmd, k);
+            detail::redis::append_key_command(cmd, "GET", options_.key_prefix, k);
           }
         },
         [&](std::size_t i, detail::redis::Reply reply) {
@@ -158,26 +148,9 @@ class RedisTier {
   bool put(const TierKey& key, std::span<const std::byte> bytes) noexcept {
     bool stored = false;
     if (valid_kind(key.kind)) {
-      const detail::disk::HeaderBytes header = detail::disk::encode_entry_header(key, bytes);
       exchange(
-          1,
-          [&](std::string& cmd) {
-            const bool expires = options_.ttl.count() > 0;
-            detail::redis::append_command(cmd, expires ? 5 : 3);
-            detail::redis::append_bulk(cmd, "SET");
-            append_key(cmd, key);
-            const std::string_view value[] = {as_chars(header), as_chars(bytes)};
-            detail::redis::append_bulk(cmd, value);
-            if (expires) {
-              detail::redis::append_bulk(cmd, "PX");
-              char digits[24];
-              const auto end = std::to_chars(digits, digits + sizeof digits, options_.ttl.count()).ptr;
-              detail::redis::append_bulk(cmd, std::string_view(digits, static_cast<std::size_t>(end - digits)));
-            }
-          },
-          [&](std::size_t, detail::redis::Reply reply) {
-            stored = reply->type == REDIS_REPLY_STATUS && std::string_view(reply->str, reply->len) == "OK";
-          },
+          1, [&](std::string& cmd) { detail::redis::append_set(cmd, options_.key_prefix, key, bytes, options_.ttl); },
+          [&](std::size_t, detail::redis::Reply reply) { stored = detail::redis::set_confirmed(*reply); },
           [](std::size_t, detail::redis::Io) {});
     }
     (stored ? puts_ : put_failures_).fetch_add(1, std::memory_order_relaxed);
@@ -222,7 +195,8 @@ class RedisTier {
       for (std::size_t i = 0; i < names->elements; ++i) {
         const redisReply* name = names->element[i];
         if (name->type != REDIS_REPLY_STRING) continue;
-        if (const auto key = parse_key(std::string_view(name->str, name->len)); key && key->kind == kind)
+        if (const auto key = detail::redis::parse_key(options_.key_prefix, std::string_view(name->str, name->len));
+            key && key->kind == kind)
           found.push_back(*key);
       }
     } while (cursor != "0");
@@ -234,9 +208,8 @@ class RedisTier {
   /// The redis key of `key` (prefix + stem; "" for a kind without one). For operators and
   /// tests. Any thread; allocates.
   [[nodiscard]] std::string key_name(const TierKey& key) const {
-    char name[64];
-    if (!detail::disk::format_name(key, name)) return {};
-    return options_.key_prefix + std::string(name, detail::disk::stem_length);
+    char name[detail::redis::max_key_bytes];
+    return std::string(name, detail::redis::format_key(options_.key_prefix, key, name));
   }
 
   /// A snapshot of the counters. Any thread; noexcept.
@@ -265,12 +238,7 @@ class RedisTier {
  private:
   using Io = detail::redis::Io;
 
-  static bool valid_kind(EntryKind kind) noexcept { return kind == EntryKind::kv_chunk || kind == EntryKind::state; }
-
-  template <class Bytes>
-  static std::string_view as_chars(const Bytes& b) noexcept {
-    return {reinterpret_cast<const char*>(b.data()), b.size()};
-  }
+  static bool valid_kind(EntryKind kind) noexcept { return detail::redis::valid_kind(kind); }
 
   static RedisTierOptions checked(RedisTierOptions o) {
     auto bad = [](const std::string& what) { throw Error(ErrorCode::invalid_argument, "RedisTierOptions." + what); };
@@ -280,60 +248,28 @@ class RedisTier {
     } else if (o.unix_socket.size() > 107) {
       bad("unix_socket '" + o.unix_socket + "' is longer than 107 bytes");
     }
-    if (o.db < 0) bad("db (" + std::to_string(o.db) + ") is negative");
-    if (o.key_prefix.size() > 200) bad("key_prefix '" + o.key_prefix + "' is longer than 200 bytes");
-    for (const char c : o.key_prefix)
-      if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\' || static_cast<unsigned char>(c) <= ' ' || c == 0x7f)
-        bad("key_prefix '" + o.key_prefix + "' holds a glob, space or control character");
-    if (o.ttl.count() < 0) bad("ttl (" + std::to_string(o.ttl.count()) + " ms) is negative");
-    if (o.connect_timeout.count() <= 0)
-      bad("connect_timeout (" + std::to_string(o.connect_timeout.count()) + " ms) is not positive");
-    if (o.command_timeout.count() <= 0)
-      bad("command_timeout (" + std::to_string(o.command_timeout.count()) + " ms) is not positive");
-    if (o.max_idle_connections == 0) bad("max_idle_connections (0) is not positive");
+    detail::redis::check_client_options(o, "RedisTierOptions");
     return o;
   }
 
   static detail::redis::Endpoint endpoint(const RedisTierOptions& o) {
-    return {o.unix_socket, o.host, o.port, o.user, o.password, o.db, o.connect_timeout, o.command_timeout};
+    return detail::redis::endpoint_of(o, RedisAddress{o.host, o.port, o.unix_socket});
   }
-
-  // Appends the bulk string of `key`'s redis key. Precondition: valid_kind(key.kind).
-  void append_key(std::string& cmd, const TierKey& key) const {
-    char name[64];
-    (void)detail::disk::format_name(key, name);
-    const std::string_view parts[] = {options_.key_prefix, std::string_view(name, detail::disk::stem_length)};
-    detail::redis::append_bulk(cmd, parts);
-  }
-
-  // The key a redis key spells, if it is this prefix + an entry stem.
-  std::optional<TierKey> parse_key(std::string_view name) const noexcept {
-    if (!name.starts_with(options_.key_prefix)) return std::nullopt;
-    name.remove_prefix(options_.key_prefix.size());
-    if (name.size() != detail::disk::stem_length) return std::nullopt;
-    char file[64];
-    std::memcpy(file, name.data(), name.size());
-    std::memcpy(file + name.size(), detail::disk::name_suffix.data(), detail::disk::name_suffix.size());
-    return detail::disk::parse_name(std::string_view(file, detail::disk::name_length));
-  }
-
-  static void release_reply(void*, void* reply) noexcept { freeReplyObject(reply); }
 
   TierView view_of(detail::redis::Reply reply, const TierKey& key) noexcept {
-    if (reply->type == REDIS_REPLY_NIL) {
-      misses_.fetch_add(1, std::memory_order_relaxed);
-      return TierView(GetStatus::miss);
-    }
-    if (reply->type == REDIS_REPLY_STRING) {
-      const auto value = std::span<const std::byte>(reinterpret_cast<const std::byte*>(reply->str), reply->len);
-      const detail::disk::CheckedEntry entry = detail::disk::check_entry(value, key);
-      if (entry.ok()) {
+    const detail::redis::Judged judged = detail::redis::judge_value(*reply, key);
+    switch (judged.verdict) {
+      case detail::redis::Verdict::hit:
         hits_.fetch_add(1, std::memory_order_relaxed);
-        return TierView(entry.payload, &release_reply, nullptr, reply.release());
-      }
-    } else if (reply->type == REDIS_REPLY_ERROR && !std::string_view(reply->str, reply->len).starts_with("WRONGTYPE")) {
-      get_failures_.fetch_add(1, std::memory_order_relaxed);  // LOADING, BUSY, ...: the server may have it
-      return TierView(GetStatus::failed);
+        return TierView(judged.payload, &detail::redis::release_reply, nullptr, reply.release());
+      case detail::redis::Verdict::miss:
+        misses_.fetch_add(1, std::memory_order_relaxed);
+        return TierView(GetStatus::miss);
+      case detail::redis::Verdict::error:
+        get_failures_.fetch_add(1, std::memory_order_relaxed);  // LOADING, BUSY, ...: the server may have it
+        return TierView(GetStatus::failed);
+      case detail::redis::Verdict::rejected:
+        break;
     }
     rejected_.fetch_add(1, std::memory_order_relaxed);  // foreign, truncated, corrupt, another type
     return TierView(GetStatus::miss);
@@ -355,9 +291,7 @@ class RedisTier {
     exchange(
         1,
         [&](std::string& cmd) {
-          detail::redis::append_command(cmd, 2);
-          detail::redis::append_bulk(cmd, command);
-          append_key(cmd, key);
+          detail::redis::append_key_command(cmd, command, options_.key_prefix, key);
         },
         [&](std::size_t, detail::redis::Reply reply) {
           if (reply->type == REDIS_REPLY_INTEGER) result = reply->integer;

@@ -30,6 +30,7 @@
 #include <kvfuse/engine/index_options.hpp>
 #include <kvfuse/tier/disk_tier.hpp>
 #include <kvfuse/tier/memory_tier.hpp>
+#include <kvfuse/tier/redis_cluster_tier_stats.hpp>
 #include <kvfuse/tier/redis_tier_stats.hpp>
 #include <kvfuse/tier/tiered_tier.hpp>
 #include <kvfuse/worker/connector.hpp>
@@ -275,6 +276,26 @@ inline constexpr Field<RedisTierStats> redis_tier_fields[] = {
     counter<&RedisTierStats::dropped_connections>("dropped_connections", "Connections closed after a failure or timeout, or retired as stale."),
 };
 
+inline constexpr Field<RedisClusterCounters> redis_cluster_fields[] = {
+    counter<&RedisClusterCounters::moved>("moved", "MOVED replies: the slot map was patched and the key retried at the named node."),
+    counter<&RedisClusterCounters::asks>("asks", "ASK replies: the key was retried with ASKING at the named node."),
+    counter<&RedisClusterCounters::tryagain>("tryagain", "TRYAGAIN replies (a slot mid-migration): failed gets and puts."),
+    counter<&RedisClusterCounters::clusterdown>("clusterdown", "CLUSTERDOWN replies and keys whose slot no primary served: failed."),
+    counter<&RedisClusterCounters::redirect_failures>("redirect_failures", "Keys redirected again on their one retry: failed."),
+    counter<&RedisClusterCounters::map_refreshes>("map_refreshes", "Slot maps learnt from CLUSTER SLOTS."),
+    counter<&RedisClusterCounters::map_refresh_failures>("map_refresh_failures", "Slot map refreshes no node could answer."),
+};
+
+/// A cluster tier's per-primary families, labelled by `node`.
+inline constexpr std::string_view tier_node_prefix = "kvfuse_tier_node";
+inline constexpr Field<RedisClusterNodeStats> redis_cluster_node_fields[] = {
+    counter<&RedisClusterNodeStats::requests>("requests", "Commands sent to the node, one per key."),
+    counter<&RedisClusterNodeStats::round_trips>("round_trips", "Exchanges with the node: at most one per batch and round."),
+    counter<&RedisClusterNodeStats::redirections>("redirections", "MOVED and ASK replies the node gave."),
+    counter<&RedisClusterNodeStats::timeouts>("timeouts", "Exchanges or connection attempts the node did not answer in time."),
+    counter<&RedisClusterNodeStats::failures>("failures", "Exchanges or connection attempts the node refused or lost, and its cluster error replies."),
+};
+
 inline constexpr std::string_view tiered_tier_prefix = "kvfuse_tiered_tier";
 inline constexpr Field<TieredTierStats> tiered_tier_fields[] = {
     counter<&TieredTierStats::front_hits>("front_hits", "Gets the front tier served."),
@@ -338,7 +359,8 @@ static_assert(valid_table(index_prefix, index_fields) && valid_table(coordinator
               valid_table(rank_queue_prefix, queue_fields) && valid_table(group_queue_prefix, queue_fields) &&
               valid_table(connector_prefix, connector_fields) && valid_table(save_fence_prefix, save_fence_fields) &&
               valid_table(tier_prefix, memory_tier_fields) && valid_table(tier_prefix, disk_tier_fields) &&
-              valid_table(tier_prefix, redis_tier_fields) &&
+              valid_table(tier_prefix, redis_tier_fields) && valid_table(tier_prefix, redis_cluster_fields) &&
+              valid_table(tier_node_prefix, redis_cluster_node_fields) &&
               valid_table(tiered_tier_prefix, tiered_tier_fields) && valid_table(loopback_pd_prefix, loopback_pd_fields),
               "a metric table has a bad prefix or name, a name spelled with _total, an empty help, or a repeated name");
 
@@ -354,6 +376,10 @@ static_assert(field_count<SaveFenceStats>() == std::size(save_fence_fields), "Sa
 static_assert(field_count<MemoryTierStats>() == std::size(memory_tier_fields), "MemoryTierStats: a field has no line");
 static_assert(field_count<DiskTierStats>() == std::size(disk_tier_fields), "DiskTierStats: a field has no line");
 static_assert(field_count<RedisTierStats>() == std::size(redis_tier_fields), "RedisTierStats: a field has no line");
+static_assert(field_count<RedisClusterCounters>() == std::size(redis_cluster_fields), "RedisClusterCounters: a field has no line");
+static_assert(field_count<RedisClusterNodeStats>() == std::size(redis_cluster_node_fields) + 1,
+              "RedisClusterNodeStats: a field has no line (its address is the node label)");
+static_assert(field_count<RedisClusterTierStats>() == 3, "RedisClusterTierStats: totals, cluster and nodes, each a table");
 static_assert(field_count<TieredTierStats>() == std::size(tiered_tier_fields), "TieredTierStats: a field has no line");
 static_assert(field_count<LoopbackPd::Stats>() == std::size(loopback_pd_fields), "LoopbackPd::Stats: a field has no line");
 
@@ -391,6 +417,7 @@ consteval bool families_agree() {
   Spelling all[std::size(index_fields) + std::size(coordinator_fields) + std::size(pump_fields) + std::size(group_fields) +
                2 * std::size(queue_fields) + std::size(connector_fields) + std::size(save_fence_fields) +
                std::size(memory_tier_fields) + std::size(disk_tier_fields) + std::size(redis_tier_fields) +
+               std::size(redis_cluster_fields) + std::size(redis_cluster_node_fields) +
                std::size(tiered_tier_fields) +
                std::size(loopback_pd_fields)]{};
   std::size_t n = 0;
@@ -405,6 +432,8 @@ consteval bool families_agree() {
   n += spell(all + n, tier_prefix, memory_tier_fields);
   n += spell(all + n, tier_prefix, disk_tier_fields);
   n += spell(all + n, tier_prefix, redis_tier_fields);
+  n += spell(all + n, tier_prefix, redis_cluster_fields);
+  n += spell(all + n, tier_node_prefix, redis_cluster_node_fields);
   n += spell(all + n, tiered_tier_prefix, tiered_tier_fields);
   n += spell(all + n, loopback_pd_prefix, loopback_pd_fields);
   for (std::size_t i = 0; i < n; ++i)
