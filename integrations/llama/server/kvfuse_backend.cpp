@@ -235,18 +235,31 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     prompt_tokens_ += tokens.size();
     const TokenCount P = tokens.size();
     const TokenCount limit = P > 1 + s.tail ? P - 1 - s.tail : 0;
-    // No gain is possible below the slot's own cells: admit without a load (the admission
-    // still carries this prompt's saves).
-    const bool worth = TokenGrid{chunk_}.floor(limit) > static_cast<TokenCount>(std::max(0, n_past));
+    // What of the slot's own cells a prompt may start from and still compute what a prefill
+    // from token 0 computes: clean cells, cut to the ubatch grid (a prefill that starts off
+    // it runs other ubatches). Beyond that the slot holds a reply's KV, computed one token at
+    // a time, which stock reuses and kvfuse does not: with the tiny dense model stock's own
+    // reuse of a continuation changes its first-step probabilities (docs/llama-server.md).
+    // A stateful model's cells cannot be cut back (its state is at their end), so it starts
+    // from kvfuse's boundary or from token 0.
+    const TokenCount own = static_cast<TokenCount>(std::max(0, n_past));
+    const TokenCount keep = family_ == BlobFamily::attention ? TokenGrid{ubatch_}.floor(std::min(own, s.clean)) : 0;
+    // No gain is possible below that: admit without a load (the admission still carries
+    // this prompt's saves).
+    const bool worth = TokenGrid{chunk_}.floor(limit) > keep;
     if (!control_.empty() && worth && tampered_ == 0 && engine_->tamper(std::span(tokens).first(limit + 1), control_ == "wrong-state"))
       ++tampered_;
     Restore r = engine_->begin(slot, tokens, worth ? limit : 0);
     if (r.load != LoadKind::none) ++loads_[static_cast<std::size_t>(r.load)];
     if (r.outcome) ++(*r.outcome == Resolution::completed ? loads_completed_ : loads_failed_);
     if (r.stranded) ++loads_failed_;
-    if (r.boundary <= static_cast<TokenCount>(std::max(0, n_past))) {
-      reused_slot_ += static_cast<std::uint64_t>(std::max(0, n_past));
-      return n_past;
+    llama_memory_t mem = llama_get_memory(ctx_);
+    if (r.boundary <= keep) {
+      reused_slot_ += keep;
+      if (keep == own) return n_past;
+      llama_memory_seq_rm(mem, id_slot, keep == 0 ? -1 : static_cast<llama_pos>(keep), -1);
+      s.clean = std::min(s.clean, keep);
+      return static_cast<int32_t>(keep);
     }
     std::vector<std::uint8_t> blob;
     try {
@@ -254,7 +267,6 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     } catch (const Error&) {
       blob.clear();
     }
-    llama_memory_t mem = llama_get_memory(ctx_);
     llama_memory_seq_rm(mem, id_slot, -1, -1);
     const std::size_t read = blob.empty() ? 0 : llama_state_seq_set_data(ctx_, blob.data(), blob.size(), id_slot);
     if (read == 0) {

@@ -141,17 +141,27 @@ def first_step(resp):
     return json.dumps(probs[0] if probs else None, sort_keys=True)
 
 
+def order(n_conv, turns):
+    """Turns interleaved across conversations, except that the first conversation's second
+    turn follows its first at once: a continuation in the same slot, where the slot's own
+    cells hold the reply."""
+    seq = [(c, t) for t in range(turns) for c in range(n_conv)]
+    if turns > 1 and n_conv > 1:
+        seq.remove((0, 1))
+        seq.insert(1, (0, 1))
+    return seq
+
+
 def play(server, convs, cache_prompt=True):
-    """Runs the conversations interleaved (turn 1 of each, then turn 2, ...); returns, per
-    request, (prompt, tokens, first-step probabilities, timings)."""
+    """Runs the conversations (in `order`); returns, per request, (prompt, tokens, first-step
+    probabilities, timings)."""
     history = [list(system) for system, _ in convs]
     out = []
-    for t in range(len(convs[0][1])):
-        for c, (_, users) in enumerate(convs):
-            prompt = history[c] + users[t]
-            r = server.complete(prompt, cache_prompt=cache_prompt)
-            out.append((prompt, r["tokens"], first_step(r), r.get("timings", {})))
-            history[c] = prompt + r["tokens"]
+    for c, t in order(len(convs), len(convs[0][1])):
+        prompt = history[c] + convs[c][1][t]
+        r = server.complete(prompt, cache_prompt=cache_prompt)
+        out.append((prompt, r["tokens"], first_step(r), r.get("timings", {})))
+        history[c] = prompt + r["tokens"]
     return out
 
 
