@@ -247,7 +247,7 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     // No gain is possible below that: admit without a load (the admission still carries
     // this prompt's saves).
     const bool worth = TokenGrid{chunk_}.floor(limit) > keep;
-    if (!control_.empty() && worth && tampered_ == 0 && engine_->tamper(std::span(tokens).first(limit + 1), control_ == "wrong-state"))
+    if (!control_.empty() && worth && keep == 0 && tampered_ == 0 && engine_->tamper(std::span(tokens).first(limit + 1), control_ == "wrong-state"))
       ++tampered_;
     Restore r = engine_->begin(slot, tokens, worth ? limit : 0);
     if (r.load != LoadKind::none) ++loads_[static_cast<std::size_t>(r.load)];

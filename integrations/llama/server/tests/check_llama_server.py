@@ -142,14 +142,10 @@ def first_step(resp):
 
 
 def order(n_conv, turns):
-    """Turns interleaved across conversations, except that the first conversation's second
-    turn follows its first at once: a continuation in the same slot, where the slot's own
-    cells hold the reply."""
-    seq = [(c, t) for t in range(turns) for c in range(n_conv)]
-    if turns > 1 and n_conv > 1:
-        seq.remove((0, 1))
-        seq.insert(1, (0, 1))
-    return seq
+    """The first conversation's turns back to back (continuations in the same slot, whose
+    own cells hold the replies), then the others' turns interleaved (each prompt in a slot
+    that held another conversation)."""
+    return [(0, t) for t in range(turns)] + [(c, t) for t in range(turns) for c in range(1, n_conv)]
 
 
 def play(server, convs, cache_prompt=True):
@@ -212,7 +208,7 @@ def case_bitwise(a, tmp, arch):
 def case_control(a, tmp, which):
     arch = "llama" if which == "kv" else "kimi-k3"
     model = os.path.join(a.models, f"{arch}.gguf")
-    convs = conversations(n_conv=2, turns=2)
+    convs = conversations(n_conv=3, turns=2)  # the third shares the first's system prompt
     stock = Server(a.stock, model, tmp, "stock", ["--cache-ram", "0"])
     try:
         ref = play(stock, convs, cache_prompt=False)
