@@ -190,9 +190,10 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     }
     const std::uint32_t slots = llama_n_seq_max(ctx);
     unified_ = params.kv_unified || slots == 1;
-    if (!unified_ && family_ == BlobFamily::deepseek4) {
-      say("deepseek4 with --parallel " + std::to_string(slots) +
-          " and no --kv-unified: kvfuse reads its blob in one stream only; serving without kvfuse");
+    if (slots > 1 && family_ == BlobFamily::deepseek4) {
+      // With several sequences its blob carries every stream (or, unified, state rows the
+      // one-sequence layout does not have); the codec reads the one-sequence form only.
+      say("deepseek4 with --parallel " + std::to_string(slots) + ": kvfuse reads its state blob for one slot only; serving without kvfuse");
       return true;
     }
     SlotCacheOptions o;
@@ -357,8 +358,8 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     m << "kvfuse:load_outcomes_total{outcome=\"failed\"} " << loads_failed_ << "\n";
     metric("restores_refused_total", "counter", "Restored sequences llama.cpp refused: recomputed from token 0");
     m << "kvfuse:restores_refused_total " << restores_refused_ << "\n";
-    metric("blob_refusals_total", "counter", "Slot blobs kvfuse could not read (cells out of order): not saved");
-    m << "kvfuse:blob_refusals_total " << blob_refusals_ << "\n";
+    metric("blob_refusals_total", "counter", "Slot blobs kvfuse could not read or cut (cells out of order, a state that does not fit): not saved");
+    m << "kvfuse:blob_refusals_total " << blob_refusals_ + (engine_ ? engine_->counters().codec_refusals : 0) << "\n";
     if (!control_.empty()) {
       metric("control_tampered_total", "counter", "Tier entries the test control tampered with");
       m << "kvfuse:control_tampered_total " << tampered_ << "\n";
