@@ -338,6 +338,65 @@ def case_flags(a, tmp):
     print(f"flags: {len(cases)} bad values each exit 1 naming the flag and the value")
 
 
+def max_logprob_delta(a, b):
+    """The largest difference of a first-step log-probability between two responses."""
+    pa, pb = json.loads(a), json.loads(b)
+    if not pa or not pb:
+        return 0.0
+    la = [pa["logprob"]] + [t["logprob"] for t in pa.get("top_logprobs", [])]
+    lb = [pb["logprob"]] + [t["logprob"] for t in pb.get("top_logprobs", [])]
+    return max((abs(x - y) for x, y in zip(la, lb)), default=0.0)
+
+
+def case_compare(a, tmp, arch, parallel):
+    """Not a test: measures, against stock with its cache off, stock with its default cache
+    and kvfuse (docs/llama-server.md#compare). With --parallel above 1 the conversations run
+    concurrently, one client thread each, and stock cache-off runs twice."""
+    import threading
+    global COMMON
+    COMMON = [x if x != "1" or COMMON[i - 1] != "-np" else str(parallel) for i, x in enumerate(COMMON)]
+    model = os.path.join(a.models, f"{arch}.gguf")
+    extra = ["--swa-full"] if arch == "deepseek4" else []
+    convs = conversations(n_conv=max(3, parallel), turns=3)
+
+    def run(binary, flags, cache_prompt, name):
+        s = Server(binary, model, tmp, name, flags + extra)
+        try:
+            if parallel == 1:
+                return play(s, convs, cache_prompt)
+            out = {}
+            history = [list(system) for system, _ in convs]
+
+            def one(c):
+                for t in range(3):
+                    prompt = history[c] + convs[c][1][t]
+                    r = s.complete(prompt, cache_prompt=cache_prompt)
+                    out[(c, t)] = (prompt, r["tokens"], first_step(r), r.get("timings", {}))
+                    history[c] = prompt + r["tokens"]
+            threads = [threading.Thread(target=one, args=(c,)) for c in range(len(convs))]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return [out[k] for k in sorted(out)]
+        finally:
+            s.stop()
+
+    ref = run(a.stock, ["--cache-ram", "0"], False, "stock-off")
+    runs = [("stock, its cache on", run(a.stock, [], True, "stock-on")),
+            ("kvfuse --kvfuse-memory 64MiB", run(a.kvfuse, ["--kvfuse-memory", "64MiB"], True, "kvfuse"))]
+    if parallel > 1:
+        runs.insert(0, ("stock, its cache off, again", run(a.stock, ["--cache-ram", "0"], False, "stock-off-2")))
+    prompt = sum(len(r[0]) for r in ref)
+    for name, got in runs:
+        tok = sum(1 for x, y in zip(ref, got) if x[1] != y[1])
+        probs = sum(1 for x, y in zip(ref, got) if x[2] != y[2])
+        delta = max((max_logprob_delta(x[2], y[2]) for x, y in zip(ref, got)), default=0.0)
+        reused = sum(g[3].get("cache_n", 0) for g in got)
+        print(f"{arch} --parallel {parallel}: {name}: {len(got)} responses, tokens differ {tok}, first-step probabilities "
+              f"differ {probs} (max {delta:.2e}), reused {reused} of {prompt} prompt tokens")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("case")
@@ -346,6 +405,7 @@ def main():
     ap.add_argument("--kvfuse", required=True)
     ap.add_argument("--models", required=True)
     ap.add_argument("--redis-server", default=shutil.which("redis-server"))
+    ap.add_argument("--parallel", type=int, default=1)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvfuse-llama-server-")
     try:
@@ -361,6 +421,8 @@ def main():
             case_redis(a, tmp)
         elif a.case == "flags":
             case_flags(a, tmp)
+        elif a.case == "compare":
+            case_compare(a, tmp, a.model, a.parallel)
         else:
             raise SystemExit(f"unknown case {a.case}")
     except (AssertionError, RuntimeError) as e:
