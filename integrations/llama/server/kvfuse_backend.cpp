@@ -172,7 +172,10 @@ class KvfuseBackend final : public server_prompt_cache_backend {
       }
       chunk_ = *flags_.chunk_tokens;
     } else {
-      chunk_ = grid * std::max<std::uint32_t>(1, (256 + grid - 1) / grid);
+      // The grid itself (at least 64 tokens): the finer the chunks, the closer a restore
+      // gets to the prompt's end (with -ub 64, 64-token chunks reuse a fifth more than
+      // 256-token ones on the checks' conversations), at one tier entry per chunk.
+      chunk_ = grid * std::max<std::uint32_t>(1, (64 + grid - 1) / grid);
     }
     ubatch_ = ubatch;
     return true;
@@ -269,7 +272,14 @@ class KvfuseBackend final : public server_prompt_cache_backend {
       blob.clear();
     }
     llama_memory_seq_rm(mem, id_slot, -1, -1);
-    const std::size_t read = blob.empty() ? 0 : llama_state_seq_set_data(ctx_, blob.data(), blob.size(), id_slot);
+    std::size_t read = blob.empty() ? 0 : llama_state_seq_set_data(ctx_, blob.data(), blob.size(), id_slot);
+    // llama.cpp reads a state of another boundary without complaint (the recurrent section
+    // is not checked against the KV), and the server's next partial removal would then
+    // abort: the sequence must end exactly at the boundary.
+    const llama_pos last = static_cast<llama_pos>(r.boundary) - 1;
+    if (read != 0 && (llama_memory_seq_pos_max(mem, id_slot) != last || llama_memory_seq_pos_min(mem, id_slot) < 0 ||
+                      llama_memory_seq_pos_min(mem, id_slot) > last))
+      read = 0;
     if (read == 0) {
       // llama.cpp refused it: the slot's cells are gone; the prompt is computed from token 0.
       ++restores_refused_;

@@ -384,7 +384,7 @@ def case_compare(a, tmp, arch, parallel):
 
     ref = run(a.stock, ["--cache-ram", "0"], False, "stock-off")
     runs = [("stock, its cache on", run(a.stock, [], True, "stock-on")),
-            ("kvfuse --kvfuse-memory 64MiB", run(a.kvfuse, ["--kvfuse-memory", "64MiB"], True, "kvfuse"))]
+            ("kvfuse " + a.kvfuse_flags, run(a.kvfuse, a.kvfuse_flags.split(), True, "kvfuse"))]
     if parallel > 1:
         runs.insert(0, ("stock, its cache off, again", run(a.stock, ["--cache-ram", "0"], False, "stock-off-2")))
     prompt = sum(len(r[0]) for r in ref)
@@ -406,6 +406,7 @@ def main():
     ap.add_argument("--models", required=True)
     ap.add_argument("--redis-server", default=shutil.which("redis-server"))
     ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--kvfuse-flags", default="--kvfuse-memory 64MiB", help="compare: kvfuse's flags")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="kvfuse-llama-server-")
     try:
