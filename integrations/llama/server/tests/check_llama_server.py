@@ -190,8 +190,18 @@ def case_bitwise(a, tmp, arch):
         got = play(kv, convs)
         m = kv.metrics()
         zeros(m)
+        status, data = kv.get("/slots")
+        slots = json.loads(data) if status == 200 else []
     finally:
         kv.stop()
+    if not slots or "n_prompt_tokens_cache_backend" not in slots[0]:
+        raise AssertionError(f"/slots does not say how many prompt tokens came from kvfuse: {slots}")
+    for family in ("kvfuse:reused_tokens_total{source=\"kvfuse\"}", "kvfuse:loads_total{kind=\"kv-only\"}",
+                   "kvfuse:checkpoints_total{event=\"saved\"}", "kvfuse:tier_gets_total{tier=\"memory\",result=\"hit\"}"):
+        if family not in m:
+            raise AssertionError(f"/metrics lacks {family}")
+    if m["kvfuse:reused_tokens_total{source=\"kvfuse\"}"] != sum(g[3].get("cache_backend_n", 0) for g in got):
+        raise AssertionError("/metrics and the responses' timings disagree on the tokens kvfuse restored")
     diffs = compare(ref, got, "kvfuse")
     reused = sum(g[3].get("cache_n", 0) for g in got)
     from_kvfuse = sum(g[3].get("cache_backend_n", 0) for g in got)
@@ -203,6 +213,30 @@ def case_bitwise(a, tmp, arch):
         raise AssertionError(f"response {i} differs:\n stock  {ref[i][1]} {ref[i][2][:200]}\n kvfuse {got[i][1]} {got[i][2][:200]}")
     if from_kvfuse == 0:
         raise AssertionError("kvfuse restored nothing: the check compared nothing it restored")
+
+
+def case_stock(a, tmp):
+    """Without a --kvfuse-* flag the kvfuse binary is the stock server: the same responses,
+    timings counts and no kvfuse field, with stock's own cache on."""
+    model = os.path.join(a.models, "llama.gguf")
+    convs = conversations()
+    out = []
+    for binary, name in ((a.stock, "stock"), (a.kvfuse, "kvfuse-off")):
+        s = Server(binary, model, tmp, name)
+        try:
+            out.append(play(s, convs))
+            status, data = s.get("/metrics")
+            if b"kvfuse:" in data:
+                raise AssertionError(f"{name}'s /metrics has kvfuse families with no --kvfuse-* flag")
+        finally:
+            s.stop()
+    stock, off = out
+    for i, (x, y) in enumerate(zip(stock, off)):
+        if x[1] != y[1] or x[2] != y[2] or x[3].get("cache_n") != y[3].get("cache_n"):
+            raise AssertionError(f"response {i} of kvfuse-llama-server without kvfuse flags differs from stock")
+        if "cache_backend_n" in y[3]:
+            raise AssertionError("kvfuse-llama-server without kvfuse flags reports cache_backend_n")
+    print(f"no kvfuse flag: {len(off)} responses, cache_n and timings fields the same as stock's (its cache on)")
 
 
 def case_control(a, tmp, which):
@@ -422,6 +456,8 @@ def main():
             case_redis(a, tmp)
         elif a.case == "flags":
             case_flags(a, tmp)
+        elif a.case == "stock":
+            case_stock(a, tmp)
         elif a.case == "compare":
             case_compare(a, tmp, a.model, a.parallel)
         else:
