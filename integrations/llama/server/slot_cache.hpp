@@ -62,6 +62,9 @@ struct SlotCacheOptions {
   TokenCount max_prompt_tokens = 4096; ///< the longest prompt a slot holds (its context)
   std::uint32_t snapshot_slots = 4;    ///< slots for mid-prefill checkpoints while the ranks save them
   CheckpointPolicy checkpoints{};      ///< where stateful prompts take state checkpoints
+  /// A stateful prompt may resume only at boundaries b with b % state_period == state_phase
+  /// (0 and 0: every block boundary). See kvfuse_backend.cpp for deepseek4's.
+  TokenCount state_period = 0, state_phase = 0;
   std::chrono::milliseconds rank_timeout{10000};  ///< how long a load or a save may take before it is given up
 };
 
@@ -164,7 +167,9 @@ class SlotCache {
     for (TokenCount end = block; end <= P; end += block) keys.push_back(hashes.chunk_key(end));
     std::vector<Checkpoint> candidates;
     if constexpr (stateful)
-      for (TokenCount b = block; b + 1 <= P; b += block) candidates.push_back(Checkpoint{b, hashes.state_hash(b)});
+      for (TokenCount b = block; b + 1 <= P; b += block)
+        if (options_.state_period == 0 || b % options_.state_period == options_.state_phase)
+          candidates.push_back(Checkpoint{b, hashes.state_hash(b)});
     const AdmitDecision d = coordinator_.admit(AdmitRequest{t.id, P, 0, keys, t.table, candidates, t.slot});
     Entry* entry = book_.open(t.id, d, t.table, t.slot);
     if (entry == nullptr) {  // the coordinator says it is parked already: a protocol error, counted by the book
@@ -174,7 +179,16 @@ class SlotCache {
       return out;
     }
     t.open = true;
-    t.stops.assign(d.checkpoints.begin(), d.checkpoints.end());
+    t.stops.clear();
+    for (const TokenCount b : d.checkpoints)
+      if (options_.state_period == 0 || b % options_.state_period == options_.state_phase) t.stops.push_back(b);
+    if (options_.state_period != 0 && !candidates.empty() &&
+        std::find(t.stops.begin(), t.stops.end(), candidates.back().boundary) == t.stops.end()) {
+      // The policy's prompt-end checkpoint may fall off the allowed boundaries: the last
+      // allowed one below the prompt's end is taken instead.
+      t.stops.push_back(candidates.back().boundary);
+      std::sort(t.stops.begin(), t.stops.end());
+    }
     t.state_hash.reset();
     if (const std::optional<TokenCount> b = state_boundary(d.plan)) t.state_hash = hashes.state_hash(*b);
     t.loaded = 0;

@@ -215,6 +215,38 @@ def case_bitwise(a, tmp, arch):
         raise AssertionError("kvfuse restored nothing: the check compared nothing it restored")
 
 
+def case_boundaries(a, tmp, arch):
+    """Prompts of several lengths, each asked again after another prompt took the slot: the
+    repeat resumes from kvfuse at whatever boundary it allows (for deepseek4 the odd
+    multiples of 128: a resume at 256 or 512 changed its first-step probabilities), with
+    the reference's bits."""
+    model = os.path.join(a.models, f"{arch}.gguf")
+    rng = random.Random(3)
+    other = [rng.randrange(3, 320) for _ in range(200)]
+    prompts = [[rng.randrange(3, 320) for _ in range(n)] for n in (300, 434, 460, 520, 600)]
+    stock = Server(a.stock, model, tmp, "stock", ["--cache-ram", "0"])
+    try:
+        ref = [stock.complete(p, cache_prompt=False) for p in prompts]
+    finally:
+        stock.stop()
+    kv = start_kvfuse(a, tmp, model, "kvfuse", ["--kvfuse-memory", "64MiB"])
+    restored = []
+    try:
+        for p, r0 in zip(prompts, ref):
+            kv.complete(p)
+            kv.complete(other)
+            r = kv.complete(p)
+            restored.append(r["timings"].get("cache_backend_n", 0))
+            if r["tokens"] != r0["tokens"] or first_step(r) != first_step(r0):
+                raise AssertionError(f"a {len(p)}-token prompt resumed at {restored[-1]} differs from the reference")
+        zeros(kv.metrics())
+    finally:
+        kv.stop()
+    print(f"{arch}: prompts of {[len(p) for p in prompts]} tokens resumed at {restored}, each with the reference's bits")
+    if not any(restored):
+        raise AssertionError("nothing was resumed")
+
+
 def case_stock(a, tmp):
     """Without a --kvfuse-* flag the kvfuse binary is the stock server: the same responses,
     timings counts and no kvfuse field, with stock's own cache on."""
@@ -456,6 +488,8 @@ def main():
             case_redis(a, tmp)
         elif a.case == "flags":
             case_flags(a, tmp)
+        elif a.case == "boundaries":
+            case_boundaries(a, tmp, a.model)
         elif a.case == "stock":
             case_stock(a, tmp)
         elif a.case == "compare":
