@@ -42,6 +42,7 @@ struct Engine {
   virtual ~Engine() = default;
   virtual Restore begin(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount limit) = 0;
   virtual void refused(std::uint32_t slot) = 0;
+  virtual TokenCount held_tokens(std::span<const llama_token> prompt, TokenCount limit) const = 0;
   virtual std::vector<TokenCount> stops(std::uint32_t slot) = 0;
   virtual void checkpoint(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount at,
                           std::span<const std::uint8_t> partial) = 0;
@@ -63,6 +64,9 @@ struct EngineOf final : Engine {
     return cache.begin(slot, prompt, limit);
   }
   void refused(std::uint32_t slot) override { cache.refused(slot); }
+  TokenCount held_tokens(std::span<const llama_token> prompt, TokenCount limit) const override {
+    return cache.held_tokens(prompt, limit);
+  }
   std::vector<TokenCount> stops(std::uint32_t slot) override {
     const auto s = cache.stops(slot);
     return {s.begin(), s.end()};
@@ -259,7 +263,10 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     const TokenCount keep = family_ == BlobFamily::attention ? TokenGrid{ubatch_}.floor(std::min(own, s.clean)) : 0;
     // No gain is possible below that: admit without a load (the admission still carries
     // this prompt's saves).
-    const bool worth = TokenGrid{chunk_}.floor(limit) > keep;
+    // A dense prompt also asks the tier's catalogue first: a load that cannot pass the
+    // slot's own cells is not worth its bytes. (A stateful one keeps nothing of its own.)
+    const bool worth = TokenGrid{chunk_}.floor(limit) > keep &&
+                       (keep == 0 || engine_->held_tokens(tokens, limit + 1) > keep);
     if (!control_.empty() && worth && keep == 0 && tampered_ == 0 && engine_->tamper(std::span(tokens).first(limit + 1), control_ == "wrong-state"))
       ++tampered_;
     Restore r = engine_->begin(slot, tokens, worth ? limit : 0);

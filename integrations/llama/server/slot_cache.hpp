@@ -220,6 +220,18 @@ class SlotCache {
     return out;
   }
 
+  /// How many of `prompt`'s leading tokens the tier holds in whole chunks, up to `limit`
+  /// (a catalogue lookup per chunk: no bytes move). Lets a caller skip a load that could
+  /// not beat what the slot holds.
+  [[nodiscard]] TokenCount held_tokens(std::span<const llama_token> prompt, TokenCount limit) const {
+    const std::uint32_t chunk = geometry_.chunk_tokens;
+    const TokenCount P = std::min<TokenCount>(prompt.size(), limit);
+    const llama::PrefixHashes hashes(prompt.first(P), geometry_.block_tokens);
+    TokenCount held = 0;
+    while (held + chunk <= P && tier_.contains(tier_key(hashes.chunk_key(held + chunk), EntryKind::kv_chunk))) held += chunk;
+    return held;
+  }
+
   /// llama.cpp refused the blob begin() rebuilt (or the caller could not use it): the state
   /// checkpoint it came from is forgotten by the index, so the next prompt that shares it
   /// computes its own, and the blocks are not trusted for finish().
