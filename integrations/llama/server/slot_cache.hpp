@@ -301,7 +301,7 @@ class SlotCache {
       floor = own;
     }
     connector_.begin_step(compute_);  // the saves read what the lines above wrote (R13)
-    const llama::PrefixHashes hashes(prompt.first(std::max<TokenCount>(floor, 0)), block);
+    const llama::PrefixHashes hashes(prompt.first(floor), block);
     std::vector<PrefixHash> keys;
     for (TokenCount end = block; end <= floor; end += block) keys.push_back(hashes.chunk_key(end));
     (void)coordinator_.finish(FinishRequest{t.id, floor, keys, t.table, std::nullopt, t.slot});
