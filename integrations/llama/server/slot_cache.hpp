@@ -1,0 +1,530 @@
+// slot_cache.hpp — kvfuse's engine loop inside llama-server: the prompt cache behind its
+// slots, built on the Coordinator and the host kit as kvfuse::llama::Server is.
+//
+// kvfuse::llama::Server runs a whole request in a fresh context of its own. Here llama-server
+// owns the context, the slots and the prefill; kvfuse is asked at two points of a slot's
+// task, and each task is one admission of the Coordinator:
+//   begin(): when a slot starts a prompt. The prompt's chunk keys (every chunk at or below
+//     the last boundary the restore may reach) and, for a stateful model, its block
+//     boundaries as checkpoint candidates go to admit(); the planner picks the load (KV
+//     chunks, and the state at the boundary it chose) against everything the tier holds;
+//     the rank reads it into the admission's blocks and slot; the codec rebuilds the FULL
+//     blob of the sequence at that boundary, which the caller restores into the slot.
+//   checkpoint(): the prefill stopped at a boundary the admission planned (stops()); the
+//     state there goes to a snapshot slot and Coordinator::checkpoint.
+//   finish(): the prompt is done; the KV rows the prefill computed, up to the last chunk
+//     boundary below which every cell is what a prefill from token 0 computes, go from the
+//     slot's blob into the admission's blocks, and Coordinator::finish saves the new chunks.
+// KV of generated tokens is never saved (llama-server computes it one token at a time, in
+// another order than a prefill: docs/llama.md), so a later prompt that contains a reply
+// reuses the reply's KV only from the slot's own cells, as stock does.
+//
+// The block pool holds only the blocks of admissions in flight (its prefix cache is not
+// used: every reuse comes from the tier, whose size is the budget the user gave), so every
+// begin() reads from the tier; blocks [0, boundary) then hold the restored KV and finish()
+// writes the rest after them.
+//
+// Threading: one thread, llama-server's main loop (kvfuse's scheduler thread); the
+// connector's lanes are its only other threads.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <llama.h>
+
+#include <kvfuse/host/admission_book.hpp>
+#include <kvfuse/host/audit.hpp>
+#include <kvfuse/host/block_pool.hpp>
+#include <kvfuse/host/slot_pool.hpp>
+#include <kvfuse/kvfuse.hpp>
+#include <kvfuse/llama/blob_codec.hpp>
+#include <kvfuse/llama/detail/server_setup.hpp>
+#include <kvfuse/llama/prefix_hashes.hpp>
+#include <kvfuse/llama/serving.hpp>
+
+namespace kvfuse::llama_server {
+
+using llama::LoadKind;
+
+/// How a SlotCache is built. Plain data; the constructor checks it.
+struct SlotCacheOptions {
+  std::uint64_t model_id = 0;          ///< in every tier key: names what decides a saved byte
+  std::uint32_t chunk_tokens = 256;    ///< tokens per tier chunk, and per block (the boundary grid)
+  std::uint32_t slots = 1;             ///< llama-server's slots (--parallel)
+  TokenCount max_prompt_tokens = 4096; ///< the longest prompt a slot holds (its context)
+  std::uint32_t snapshot_slots = 4;    ///< slots for mid-prefill checkpoints while the ranks save them
+  CheckpointPolicy checkpoints{};      ///< where stateful prompts take state checkpoints
+  /// A stateful prompt may resume only at boundaries b with b % state_period == state_phase
+  /// (0 and 0: every block boundary). See kvfuse_backend.cpp for deepseek4's.
+  TokenCount state_period = 0, state_phase = 0;
+  std::chrono::milliseconds rank_timeout{10000};  ///< how long a load or a save may take before it is given up
+};
+
+/// What begin() found for a slot's prompt.
+struct Restore {
+  TokenCount boundary = 0;            ///< tokens the load brought back (0: none)
+  LoadKind load = LoadKind::none;     ///< the load the admission parked on
+  std::optional<Resolution> outcome;  ///< how it ended
+  bool stranded = false;              ///< the rank did not answer in time
+  std::vector<std::uint8_t> blob;     ///< the FULL one-stream blob at `boundary` (empty when 0)
+};
+
+/// Counters of a SlotCache, for /metrics. Plain data.
+struct SlotCacheCounters {
+  std::uint64_t tasks = 0;               ///< begin() calls
+  std::uint64_t restores = 0;            ///< begin()s that brought tokens back
+  std::uint64_t restored_tokens = 0;     ///< tokens those loads brought back
+  std::uint64_t stranded = 0;            ///< loads or saves given up after rank_timeout
+  std::uint64_t kv_rows_saved = 0;       ///< tokens whose KV finish() wrote to blocks for the saves
+  std::uint64_t codec_refusals = 0;      ///< blobs the codec refused (cells out of order, a torn blob): nothing saved
+};
+
+/// The prompt cache of one llama-server: `T` the tier, `StateLeg` the model's state leg (NoState,
+/// RecurrentState<T>, SlotState<T>). One thread.
+template <Tier T, class StateLeg>
+class SlotCache {
+ public:
+  using Conn = Connector<PagedKv<T>, StateLeg, SingleRank, HostRuntime>;
+  static constexpr bool stateful = Conn::has_state;
+  static constexpr StateLayout layout = Conn::layout;
+
+  /// A cache for `codec`'s model over `tier` (both outlive it). Throws Error(invalid_argument)
+  /// naming the value for a chunk size off the codec's grid or no slots.
+  SlotCache(const llama::SequenceCodec& codec, T& tier, SlotCacheOptions options)
+      : codec_(codec),
+        tier_(tier),
+        options_(checked(codec, options)),
+        geometry_(geometry_for(codec, options_)),
+        pools_(runtime_, geometry_),
+        group_(SingleRankOptions{Conn::lane_count, 4096, {}}),
+        index_(OffloadIndexOptions{.hash_capacity = std::size_t{1} << 16, .slot_count = geometry_.num_slots}),
+        pump_(group_, index_),
+        transport_{this},
+        lookup_{this},
+        coordinator_(CoordinatorOptions{.layout = layout,
+                                        .grids = PlanGrids{geometry_.block_tokens, geometry_.chunk_tokens},
+                                        .expected_requests = 64,
+                                        .checkpoints = options_.checkpoints},
+                     index_, pump_, transport_, lookup_),
+        connector_(geometry_, runtime_, DeviceMemory{pools_.blocks, pools_.slots}, PagedKv<T>(tier),
+                   make_state_leg(tier), group_),
+        blocks_(geometry_.num_blocks),
+        request_slots_(stateful ? options_.slots : 0, 0),
+        snapshots_(stateful ? options_.snapshot_slots : 0, stateful ? options_.slots : 0),
+        compute_(runtime_.make_stream(HostStreamMode::inline_calls)),
+        tasks_(options_.slots) {}
+  ~SlotCache() { connector_.drain(); }
+  SlotCache(const SlotCache&) = delete;
+  SlotCache& operator=(const SlotCache&) = delete;
+
+  /// Indexes the state checkpoints the tier already holds for this model (a disk directory
+  /// or a Redis server that outlived the process that filled it). Returns how many. Throws
+  /// what the tier's keys() throws (a Redis that does not answer).
+  std::size_t reseed_from_tier() {
+    if constexpr (!stateful) return 0;
+    const std::vector<std::vector<TierKey>> keys{tier_.keys(EntryKind::state)};
+    return reseed_state_hashes(index_, keys, geometry_.model, geometry_.world_size);
+  }
+
+  /// Slot `slot` starts a prompt; a restore may reach at most `limit` tokens (below the
+  /// prompt's last token and the server's own tail split). Ends the slot's previous
+  /// admission if it is still open. Returns the load's outcome and, when it brought tokens
+  /// back, the rebuilt blob. Blocks while the rank loads (at most rank_timeout). Throws
+  /// Error(invalid_argument) for a slot out of range.
+  Restore begin(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount limit) {
+    Task& t = task(slot);
+    if (t.open) finish(slot, prompt, 0);
+    ++counters_.tasks;
+    Restore out;
+    const std::uint32_t block = geometry_.block_tokens;
+    const TokenCount P = std::min<TokenCount>(prompt.size(), std::max<TokenCount>(limit + 1, 1));
+    const llama::PrefixHashes hashes(prompt.first(P), block);
+    t.id = RequestId{next_request_++};
+    t.table.clear();
+    if (!blocks_.allocate(TokenGrid{block}.cells_covering(prompt.size()), t.table)) {
+      for (const BlockId b : t.table) blocks_.release(b);
+      t.table.clear();
+      return out;  // cannot happen with the pool sized for every slot's context; served without kvfuse
+    }
+    t.slot.reset();
+    if constexpr (stateful) {
+      t.slot = request_slots_.take();
+      if (!t.slot) {
+        for (const BlockId b : t.table) blocks_.release(b);
+        t.table.clear();
+        return out;
+      }
+    }
+    std::vector<PrefixHash> keys;
+    for (TokenCount end = block; end <= P; end += block) keys.push_back(hashes.chunk_key(end));
+    std::vector<Checkpoint> candidates;
+    if constexpr (stateful)
+      for (TokenCount b = block; b + 1 <= P; b += block)
+        if (options_.state_period == 0 || b % options_.state_period == options_.state_phase)
+          candidates.push_back(Checkpoint{b, hashes.state_hash(b)});
+    const AdmitDecision d = coordinator_.admit(AdmitRequest{t.id, P, 0, keys, t.table, candidates, t.slot});
+    Entry* entry = book_.open(t.id, d, t.table, t.slot);
+    if (entry == nullptr) {  // the coordinator says it is parked already: a protocol error, counted by the book
+      for (const BlockId b : t.table) blocks_.release(b);
+      if (t.slot) (void)request_slots_.give(*t.slot);
+      t.table.clear();
+      return out;
+    }
+    t.open = true;
+    t.stops.clear();
+    for (const TokenCount b : d.checkpoints)
+      if (options_.state_period == 0 || b % options_.state_period == options_.state_phase) t.stops.push_back(b);
+    if (options_.state_period != 0 && !candidates.empty() &&
+        std::find(t.stops.begin(), t.stops.end(), candidates.back().boundary) == t.stops.end()) {
+      // The policy's prompt-end checkpoint may fall off the allowed boundaries: the last
+      // allowed one below the prompt's end is taken instead.
+      t.stops.push_back(candidates.back().boundary);
+      std::sort(t.stops.begin(), t.stops.end());
+    }
+    t.state_hash.reset();
+    if (const std::optional<TokenCount> b = state_boundary(d.plan)) t.state_hash = hashes.state_hash(*b);
+    t.loaded = 0;
+    if (d.parked) {
+      out.load = llama::load_kind_of(d.plan);
+      const std::optional<Unpark> u = wait_for_unpark(t.id);
+      if (!u) {
+        out.stranded = true;
+        ++counters_.stranded;
+        coordinator_.teardown(t.id);
+        (void)book_.end(t.id);
+        t.open = false;
+        return out;
+      }
+      out.outcome = u->kind;
+      t.loaded = u->tokens;
+    }
+    if (t.loaded > 0) {
+      try {
+        codec_.rebuild(t.loaded, pools_.blocks, std::span(t.table).first(t.loaded / block), slot_bytes(t.slot), out.blob);
+        out.boundary = t.loaded;
+        ++counters_.restores;
+        counters_.restored_tokens += t.loaded;
+      } catch (const Error&) {
+        ++counters_.codec_refusals;
+        refused(slot);
+      }
+    }
+    return out;
+  }
+
+  /// How many of `prompt`'s leading tokens the tier holds in whole chunks, up to `limit`
+  /// (a catalogue lookup per chunk: no bytes move). Lets a caller skip a load that could
+  /// not beat what the slot holds.
+  [[nodiscard]] TokenCount held_tokens(std::span<const llama_token> prompt, TokenCount limit) const {
+    const std::uint32_t chunk = geometry_.chunk_tokens;
+    const TokenCount P = std::min<TokenCount>(prompt.size(), limit);
+    const llama::PrefixHashes hashes(prompt.first(P), geometry_.block_tokens);
+    TokenCount held = 0;
+    while (held + chunk <= P && tier_.contains(tier_key(hashes.chunk_key(held + chunk), EntryKind::kv_chunk))) held += chunk;
+    return held;
+  }
+
+  /// llama.cpp refused the blob begin() rebuilt (or the caller could not use it): the state
+  /// checkpoint it came from is forgotten by the index, so the next prompt that shares it
+  /// computes its own, and the blocks are not trusted for finish().
+  void refused(std::uint32_t slot) {
+    Task& t = task(slot);
+    if (t.state_hash) (void)index_.forget(*t.state_hash);
+    t.loaded = 0;
+    t.untrusted = true;
+  }
+
+  /// The boundaries at which the slot's prefill should stop for a state checkpoint
+  /// (ascending; empty for a dense model).
+  [[nodiscard]] std::span<const TokenCount> stops(std::uint32_t slot) { return task(slot).stops; }
+
+  /// The prefill of the slot's prompt is at `boundary`, one of stops(); `partial` is the
+  /// one-stream PARTIAL_ONLY blob of the sequence there. Hands the state to the coordinator
+  /// (nothing when a snapshot slot does not come back within rank_timeout).
+  void checkpoint(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount boundary,
+                  std::span<const std::uint8_t> partial) {
+    if constexpr (!stateful) return;
+    Task& t = task(slot);
+    if (!t.open) return;
+    if (snapshots_.empty()) (void)pump_until([&] { return !snapshots_.empty(); });
+    const std::optional<SlotId> snapshot = snapshots_.take();
+    if (!snapshot) {
+      ++counters_.stranded;
+      return;
+    }
+    try {
+      codec_.store_state(partial, slot_span(*snapshot));
+    } catch (const Error&) {
+      ++counters_.codec_refusals;
+      (void)snapshots_.give(*snapshot);
+      return;
+    }
+    connector_.begin_step(compute_);
+    const llama::PrefixHashes hashes(prompt.first(boundary), geometry_.block_tokens);
+    const CheckpointResult r = coordinator_.checkpoint(Checkpoint{boundary, hashes.state_hash(boundary)}, *snapshot);
+    if (r != CheckpointResult::saved) (void)snapshots_.give(*snapshot);
+    else if (saved_states_.size() < 64) saved_states_.push_back(hashes.state_hash(boundary));
+  }
+
+  /// The slot's prompt is done (or abandoned: `clean` 0). `clean` is the length of the
+  /// prefix whose cells are what a prefill from token 0 computes; `full` the one-stream FULL
+  /// blob of the slot's sequence (empty when clean is 0). The KV of whole chunks in
+  /// [tokens loaded, clean) goes to the admission's blocks, and finish() saves every chunk
+  /// below the clean floor that the tier does not hold yet. Waits for the saves to store
+  /// (at most rank_timeout), so a later begin() sees them.
+  void finish(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount clean,
+              std::span<const std::uint8_t> full = {}) {
+    Task& t = task(slot);
+    if (!t.open) return;
+    t.open = false;
+    const std::uint32_t block = geometry_.block_tokens;
+    TokenCount floor = TokenGrid{block}.floor(std::min<TokenCount>(clean, prompt.size()));
+    const TokenCount own = t.untrusted ? 0 : t.loaded;
+    if (t.untrusted && floor > 0) floor = 0;  // blocks [0, loaded) hold what llama.cpp refused
+    if (floor > own && !full.empty()) {
+      try {
+        codec_.store_kv(full, own, floor, pools_.blocks, std::span(t.table).subspan(own / block));
+        counters_.kv_rows_saved += floor - own;
+      } catch (const Error&) {
+        ++counters_.codec_refusals;
+        floor = own;
+      }
+    } else if (floor > own) {
+      floor = own;
+    }
+    connector_.begin_step(compute_);  // the saves read what the lines above wrote (R13)
+    const llama::PrefixHashes hashes(prompt.first(floor), block);
+    std::vector<PrefixHash> keys;
+    for (TokenCount end = block; end <= floor; end += block) keys.push_back(hashes.chunk_key(end));
+    (void)coordinator_.finish(FinishRequest{t.id, floor, keys, t.table, std::nullopt, t.slot});
+    (void)book_.end(t.id);
+    t.untrusted = false;
+    if (!settle()) ++counters_.stranded;
+  }
+
+  /// A control for the tests, never on in service: flips one byte in the middle of the first
+  /// KV chunk of `prompt` the tier holds, rewriting the entry so its checksum still holds.
+  /// Returns whether it found one.
+  bool tamper_kv(std::span<const llama_token> prompt) {
+    const llama::PrefixHashes hashes(prompt, geometry_.block_tokens);
+    for (TokenCount end = geometry_.chunk_tokens; end <= prompt.size(); end += geometry_.chunk_tokens)
+      if (rewrite(tier_key(hashes.chunk_key(end), EntryKind::kv_chunk), geometry_.chunk_bytes(), [](std::vector<std::byte>& b) {
+            b[b.size() / 2] ^= std::byte{0x40};
+          }))
+        return true;
+    return false;
+  }
+
+  /// A control for the tests: the deepest state entry of `prompt` the tier holds is
+  /// overwritten with another state this cache saved (the state of a wrong boundary).
+  /// Returns whether it found both.
+  bool tamper_state(std::span<const llama_token> prompt) {
+    if constexpr (!stateful) return false;
+    else {
+      const llama::PrefixHashes hashes(prompt, geometry_.block_tokens);
+      const std::size_t bytes = StateLeg::entry_bytes(geometry_);
+      for (TokenCount b = TokenGrid{geometry_.block_tokens}.floor(prompt.size() - 1); b > 0; b -= geometry_.block_tokens) {
+        const TierKey target = tier_key(hashes.state_hash(b), EntryKind::state);
+        if (!tier_.contains(target)) continue;
+        for (const PrefixHash other : saved_states_) {
+          const TierKey source = tier_key(other, EntryKind::state);
+          if (source == target) continue;
+          std::vector<std::byte> staging(bytes);
+          TierView v = tier_.get(source, staging);
+          if (!v.hit()) continue;
+          const std::vector<std::byte> copy(v.bytes().begin(), v.bytes().end());
+          v = TierView{};
+          if (tier_.put(target, copy)) return true;
+        }
+        return false;
+      }
+      return false;
+    }
+  }
+
+  /// The cache's own counters (O(1)).
+  [[nodiscard]] SlotCacheCounters counters() const noexcept { return counters_; }
+  /// The index's, coordinator's and connector's counters, read now (O(1)).
+  [[nodiscard]] IndexStats index_stats() const { return index_.stats(); }
+  [[nodiscard]] CoordinatorStats coordinator_stats() const { return coordinator_.stats(); }
+  [[nodiscard]] ConnectorStats connector_stats() const { return connector_.stats(); }
+  /// The numbers that must be zero (the host kit's audit); walks the index: not per request.
+  [[nodiscard]] HostAudit audit() const {
+    return audit_host(index_, coordinator_.stats(), book_, blocks_, request_slots_, snapshots_);
+  }
+  /// The rank's geometry (grids, pools, the model id in every tier key).
+  [[nodiscard]] const RankGeometry& geometry() const noexcept { return geometry_; }
+  /// The tier key of a KV chunk or state entry of this cache's model.
+  [[nodiscard]] TierKey tier_key(PrefixHash hash, EntryKind kind) const noexcept {
+    return TierKey{geometry_.model, hash, geometry_.world_size, geometry_.rank, kind};
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  using Book = AdmissionBook<>;
+  using Entry = typename Book::Entry;
+
+  struct Task {
+    bool open = false;
+    bool untrusted = false;
+    RequestId id{};
+    std::vector<BlockId> table;
+    std::optional<SlotId> slot;
+    std::vector<TokenCount> stops;
+    std::optional<PrefixHash> state_hash;  // of the state the load brought back, if any
+    TokenCount loaded = 0;
+  };
+
+  struct Transport {
+    SlotCache* e;
+    bool send(const LoadRequest& r) {
+      e->connector_.load(r);
+      return true;
+    }
+    bool send(const KvSave& s) {
+      e->connector_.save_kv(s);
+      return true;
+    }
+    bool send(const StateSave& s) {
+      if constexpr (stateful) e->connector_.save_state(s);
+      return stateful;
+    }
+  };
+  // How many leading chunks the tier holds.
+  struct Lookup {
+    SlotCache* e;
+    std::size_t operator()(std::span<const PrefixHash> keys) {
+      std::size_t n = 0;
+      while (n < keys.size() && e->tier_.contains(e->tier_key(keys[n], EntryKind::kv_chunk))) ++n;
+      return n;
+    }
+  };
+
+  template <class Change>
+  bool rewrite(const TierKey& key, std::size_t bytes, Change change) {
+    std::vector<std::byte> staging(bytes);
+    TierView v = tier_.get(key, staging);
+    if (!v.hit() || v.bytes().empty()) return false;
+    std::vector<std::byte> copy(v.bytes().begin(), v.bytes().end());
+    v = TierView{};
+    change(copy);
+    return tier_.put(key, copy);
+  }
+
+  static SlotCacheOptions checked(const llama::SequenceCodec& codec, SlotCacheOptions o) {
+    if (o.chunk_tokens == 0 || o.chunk_tokens % codec.layout().granule_tokens != 0)
+      throw Error(ErrorCode::invalid_argument, "--kvfuse-chunk-tokens " + std::to_string(o.chunk_tokens) +
+                                                   ": must be a multiple of the model's granule of " +
+                                                   std::to_string(codec.layout().granule_tokens) + " tokens");
+    if (o.slots == 0) throw Error(ErrorCode::invalid_argument, "a SlotCache needs at least one slot, got 0");
+    if (o.max_prompt_tokens == 0) throw Error(ErrorCode::invalid_argument, "max_prompt_tokens must be > 0, got 0");
+    return o;
+  }
+
+  static RankGeometry geometry_for(const llama::SequenceCodec& codec, const SlotCacheOptions& o) {
+    RankGeometry g;
+    g.model = o.model_id;
+    g.rank = 0;
+    g.world_size = 1;
+    g.block_tokens = codec.block_tokens();
+    g.chunk_tokens = o.chunk_tokens;
+    g.kv_bytes_per_token = codec.kv_bytes_per_token();
+    const auto per_slot = static_cast<std::uint32_t>(TokenGrid{g.block_tokens}.cells_covering(o.max_prompt_tokens) + 1);
+    g.num_blocks = per_slot * o.slots;
+    g.num_slots = stateful ? o.slots + o.snapshot_slots : 0;
+    g.slot_bytes = stateful ? codec.slot_bytes() : 0;
+    g.max_chunks_per_load = static_cast<std::uint32_t>(TokenGrid{o.chunk_tokens}.cells_covering(o.max_prompt_tokens) + 1);
+    return g;
+  }
+
+  static StateLeg make_state_leg(T& tier) {
+    if constexpr (stateful) return StateLeg(tier);
+    else return StateLeg{};
+  }
+
+  Task& task(std::uint32_t slot) {
+    if (slot >= tasks_.size())
+      throw Error(ErrorCode::invalid_argument, "slot " + std::to_string(slot) + " of " + std::to_string(tasks_.size()));
+    return tasks_[slot];
+  }
+
+  std::span<std::byte> slot_span(SlotId s) const noexcept {
+    return {pools_.slots + std::size_t{s.value} * geometry_.slot_bytes, geometry_.slot_bytes};
+  }
+  std::span<const std::byte> slot_bytes(std::optional<SlotId> s) const noexcept {
+    if (!s) return {};
+    return slot_span(*s);
+  }
+
+  std::optional<Unpark> wait_for_unpark(RequestId id) {
+    unpark_watch_ = id;
+    unparked_.reset();
+    (void)pump_until([&] { return unparked_.has_value(); });
+    const std::optional<Unpark> got = unparked_;
+    unparked_.reset();
+    unpark_watch_.reset();
+    return got;
+  }
+
+  // Every ended admission was freed and every save stored (or rank_timeout passed); the
+  // open admissions of other slots stay on the book.
+  bool settle() {
+    return pump_until([&] {
+      const IndexStats st = index_.stats();
+      return st.saves_outstanding == 0 && book_.stats().ended_now == 0;
+    });
+  }
+
+  template <class Done>
+  bool pump_until(Done done) {
+    const auto deadline = Clock::now() + options_.rank_timeout;
+    while (!done()) {
+      if (Clock::now() > deadline) return false;
+      if (!step_once()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return true;
+  }
+
+  bool step_once() {
+    const CoordinatorStep r = coordinator_.step();
+    (void)book_.apply(r, blocks_, request_slots_, snapshots_, [this](const Entry& e, const Unpark& u) {
+      if (unpark_watch_ && e.request == *unpark_watch_) unparked_ = u;
+    });
+    return r.records > 0 || !r.unparked.empty() || !r.freed.empty() || !r.snapshots.empty();
+  }
+
+  const llama::SequenceCodec& codec_;
+  T& tier_;
+  SlotCacheOptions options_;
+  HostRuntime runtime_;
+  RankGeometry geometry_;
+  llama::detail::DevicePools pools_;
+  SingleRank group_;
+  OffloadIndex<> index_;
+  SettlementPump<SingleRank, OffloadIndex<>> pump_;
+  Transport transport_;
+  Lookup lookup_;
+  Coordinator<SingleRank, Transport, Lookup> coordinator_;
+  Conn connector_;
+  PrefixBlockPool blocks_;
+  SlotPool request_slots_;  // one per llama-server slot
+  SlotPool snapshots_;      // after the request slots
+  Book book_;
+  HostRuntime::Stream compute_;
+  std::vector<Task> tasks_;
+  std::vector<PrefixHash> saved_states_;  // for tamper_state
+  std::optional<RequestId> unpark_watch_;
+  std::optional<Unpark> unparked_;
+  std::uint64_t next_request_ = 1;
+  SlotCacheCounters counters_;
+};
+
+}  // namespace kvfuse::llama_server
