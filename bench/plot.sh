@@ -271,8 +271,11 @@ for r in rows:
     if r["model"] not in models:
         models.append(r["model"])
 share = {(r["model"], r["config"]): r["summary"]["reused_share_of_bound"] for r in rows}
-skipped = [c for s in doc.get("skipped", []) for c in s["configs"]]
-print(f"# skipped {' '.join(skipped) if skipped else 'none'}")
+notes = []
+for s in doc.get("skipped", []):
+    binary = "kvfuse-llama-server" if s["server"] == "kvfuse" else "llama-server"
+    notes.append(f"{s['server']} rows not run (no {binary} binary)")
+print(f"# note {'; '.join(notes) if notes else 'every configuration ran'}")
 print(f"# date {doc.get('date_utc', '')}")
 print(f"# title {doc.get('workload_descriptions', {}).get(sys.argv[2], sys.argv[2])}")
 print(f"# ncol {len(configs) + 1}")
@@ -283,10 +286,8 @@ for m in models:
 PY
 done
 if grep -q '^"' "$work/llama_server_chat.dat" 2>/dev/null; then
-  skipped=$(sed -n 's/^# skipped //p' "$work/llama_server_chat.dat")
+  note=$(sed -n 's/^# note //p' "$work/llama_server_chat.dat")
   date=$(sed -n 's/^# date //p' "$work/llama_server_chat.dat")
-  note="every configuration ran"
-  [ "$skipped" = none ] || note="not run (no binary): $skipped"
   panels=1
   grep -q '^"' "$work/llama_server_trace.dat" 2>/dev/null && panels=2
   chat_title=$(sed -n 's/^# title //p' "$work/llama_server_chat.dat")
@@ -294,9 +295,9 @@ if grep -q '^"' "$work/llama_server_chat.dat" 2>/dev/null; then
   trace_title=$(sed -n 's/^# title //p' "$work/llama_server_trace.dat" 2>/dev/null)
   trace_ncol=$(sed -n 's/^# ncol //p' "$work/llama_server_trace.dat" 2>/dev/null)
   gnuplot <<GP
-set terminal pngcairo size 1000,$((380 * panels + 60)) enhanced font "sans,10"
+set terminal pngcairo size 1100,$((380 * panels + 60)) enhanced font "sans,10"
 set output "$img/llama_server_reuse.png"
-set multiplot layout ${panels},1 title "llama-server's prompt cache, stock and kvfuse: prompt tokens reused (the servers' timings.cache_n)\\nas a share of the workload's bound (bench/llama_server/run.py, ${date}; ${note})" noenhanced
+set multiplot layout ${panels},1 title "llama-server's prompt cache, stock and kvfuse: prompt tokens reused (the servers' timings.cache_n) / the workload's bound\\nbench/llama_server/run.py, ${date}; ${note}" noenhanced
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1

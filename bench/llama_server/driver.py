@@ -48,6 +48,7 @@ import http.client
 import json
 import os
 import random
+import socket
 import sys
 import threading
 import time
@@ -183,27 +184,26 @@ class ServerError(RuntimeError):
 
 
 class Client:
-    """One keep-alive connection to the server: one request at a time, like one user."""
+    """Requests to one server, one at a time, like one user. Each request opens its own
+    connection: the stock server at this commit closes a connection after a streamed
+    response, so a kept-alive one fails on the next request."""
 
     def __init__(self, url, timeout=300):
         u = urllib.parse.urlsplit(url)
         if u.scheme != "http" or not u.hostname:
             raise SystemExit(f"--url {url}: expected http://HOST:PORT")
         self.host, self.port, self.timeout = u.hostname, u.port or 80, timeout
-        self.conn = None
 
-    def _connection(self):
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-        return self.conn
-
-    def close(self):
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+    def _connect(self, timeout):
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        conn.connect()
+        # A request goes out as headers and body in two writes: without this, Nagle's
+        # algorithm can hold the body until the server's delayed ACK (40 ms on Linux).
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
 
     def get(self, path):
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        conn = self._connect(30)
         try:
             conn.request("GET", path)
             r = conn.getresponse()
@@ -213,10 +213,10 @@ class Client:
 
     def complete(self, body):
         """Streams one /completion. Returns (reply tokens, first-step probabilities, the final
-        event, seconds to the first token, seconds to the end)."""
+        event, seconds to the first token, seconds to the end), timed from before connecting."""
         data = json.dumps(body).encode()
-        conn = self._connection()
         start = time.perf_counter()
+        conn = self._connect(self.timeout)
         try:
             conn.request("POST", "/completion", body=data, headers={"Content-Type": "application/json"})
             r = conn.getresponse()
@@ -244,13 +244,10 @@ class Client:
                     final = event
                     break
             end = time.perf_counter() - start
-        except (OSError, http.client.HTTPException, ValueError):
-            self.close()
-            raise
+        finally:
+            conn.close()
         if final is None:
-            self.close()
             raise ServerError("the stream ended without a final event")
-        r.read()  # the stream's terminator, so the connection can carry the next request
         return tokens, probs, final, first if first is not None else end, end
 
 
@@ -318,42 +315,39 @@ def replay(url, requests, clients=2, n_probs=4, reply_filter="grammar", cache_pr
 
     def worker():
         client = Client(url, timeout)
-        try:
-            while True:
-                with lock:
-                    i = state["next"]
-                    if i >= len(requests) or state["error"]:
-                        return
-                    state["next"] += 1
-                r = requests[i]
-                if r.prefix_of is not None:
-                    while not done[r.prefix_of].wait(1.0):
-                        if state["error"]:
-                            return
-                    if results[r.prefix_of] is None:
-                        return  # its conversation failed; the error is recorded
-                prompt = prompt_of(i)
-                body = {"prompt": prompt, "n_predict": r.n_predict, "temperature": 0, "n_probs": n_probs,
-                        "cache_prompt": cache_prompt, "return_tokens": True, "ignore_eos": True, "stream": True}
-                if reply_filter == "grammar":
-                    body["grammar"] = ASCII_GRAMMAR
-                started = time.perf_counter()
-                try:
-                    reply, probs, final, ttft, total = client.complete(body)
-                    results[i] = {
-                        "label": r.label, "prompt": prompt, "reply": reply, "n_predict": r.n_predict,
-                        "first_step_probs": probs, "timings": final.get("timings", {}),
-                        "id_slot": final.get("id_slot"), "tokens_evaluated": final.get("tokens_evaluated"),
-                        "ttft_s": ttft, "total_s": total, "started": started, "ended": started + total,
-                    }
-                except Exception as e:  # noqa: BLE001 - any failure ends the run, named
-                    with lock:
-                        state["error"] = state["error"] or f"{r.label}: {type(e).__name__}: {e}"
+        while True:
+            with lock:
+                i = state["next"]
+                if i >= len(requests) or state["error"]:
                     return
-                finally:
-                    done[i].set()  # after results[i]: a later turn reads it
-        finally:
-            client.close()
+                state["next"] += 1
+            r = requests[i]
+            if r.prefix_of is not None:
+                while not done[r.prefix_of].wait(1.0):
+                    if state["error"]:
+                        return
+                if results[r.prefix_of] is None:
+                    return  # its conversation failed; the error is recorded
+            prompt = prompt_of(i)
+            body = {"prompt": prompt, "n_predict": r.n_predict, "temperature": 0, "n_probs": n_probs,
+                    "cache_prompt": cache_prompt, "return_tokens": True, "ignore_eos": True, "stream": True}
+            if reply_filter == "grammar":
+                body["grammar"] = ASCII_GRAMMAR
+            started = time.perf_counter()
+            try:
+                reply, probs, final, ttft, total = client.complete(body)
+                results[i] = {
+                    "label": r.label, "prompt": prompt, "reply": reply, "n_predict": r.n_predict,
+                    "first_step_probs": probs, "timings": final.get("timings", {}),
+                    "id_slot": final.get("id_slot"), "tokens_evaluated": final.get("tokens_evaluated"),
+                    "ttft_s": ttft, "total_s": total, "started": started, "ended": started + total,
+                }
+            except Exception as e:  # noqa: BLE001 - any failure ends the run, named
+                with lock:
+                    state["error"] = state["error"] or f"{r.label}: {type(e).__name__}: {e}"
+                return
+            finally:
+                done[i].set()  # after results[i]: a later turn reads it
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, clients))]
     t0 = time.perf_counter()

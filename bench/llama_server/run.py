@@ -12,8 +12,11 @@ Why it starts the servers itself: each configuration must begin from an empty ca
 fresh process, and the resident memory and the restart are properties of that process.
 
 The configurations (`--configs` takes their ids), every server with
-`-fa off -ub 64 -np 2 -c 8192 --metrics` (and `--swa-full` for deepseek4, whose sliding
-window would otherwise keep no reusable prefix: stock then reprocesses every prompt):
+`-fa off -ub 64 -np 2 -c 8192 --metrics` (flash attention off and a ubatch that divides
+kvfuse's chunk: the conditions of docs/llama.md), and `--swa-full` for deepseek4 (its raw
+sliding-window cache then holds every cell of the context; at this commit
+llama_model_n_swa() reports 0 for deepseek4, so the server's own SWA handling is the same
+either way):
 
   stock-default       stock, its default cache (--cache-ram 8192 MiB: never full here)
   stock-ram64         stock, --cache-ram 64
@@ -153,7 +156,8 @@ def describe(workload, w):
 def run_all(a):
     binaries = default_binaries(a.build_dir)
     models_dir = a.models_dir or os.path.join(a.build_dir, "integrations", "llama", "models")
-    os.makedirs(a.out_dir, exist_ok=True)
+    logs = os.path.join(a.out_dir, "logs")
+    os.makedirs(logs, exist_ok=True)
     present = {k: os.access(v, os.X_OK) for k, v in binaries.items()}
     skipped = []
     for kind in ("stock", "kvfuse"):
@@ -208,6 +212,8 @@ def run_all(a):
                         continue
                     # The disk run ends in a crash, so the restart finds what a crash leaves.
                     server.stop(kill=(cid == "kvfuse-mem1-disk"))
+                    # The server's own log (slot choices, cache loads) beside the JSON.
+                    shutil.copy(server.log_path, os.path.join(logs, os.path.basename(server.log_path)))
                     record.update({"model": model, "workload": workload, "config": cid, "label": label,
                                    "server": kind, "argv": server.argv})
                     path = os.path.join(a.out_dir, f"{model}_{workload}_{cid}.json")
