@@ -166,10 +166,14 @@ class PrefixTrie:
             node = node.setdefault(t, {})
 
 
-def reuse_bounds(sequences):
+def reuse_bounds(sequences, prior=()):
     """sequences: (prompt, reply) per request in workload order. Returns each prompt's bound:
-    its longest common prefix with any earlier prompt + reply, at most len(prompt) - 1."""
+    its longest common prefix with any earlier prompt + reply, at most len(prompt) - 1.
+    `prior`: (prompt, reply) of what the cache saw before this run (an earlier pass of the
+    same workload, for a run after a restart), counted as earlier."""
     trie, bounds = PrefixTrie(), []
+    for prompt, reply in prior:
+        trie.insert(list(prompt) + list(reply))
     for prompt, reply in sequences:
         bounds.append(min(trie.longest_prefix(prompt), max(len(prompt) - 1, 0)))
         trie.insert(list(prompt) + list(reply))
@@ -298,9 +302,10 @@ STANDARD_TIMINGS = {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "
 
 
 def replay(url, requests, clients=2, n_probs=4, reply_filter="grammar", cache_prompt=True, server_pid=None,
-           timeout=300):
+           timeout=300, prior=()):
     """Sends `requests` with `clients` concurrent clients and returns the run's record:
-    per-request results and the summary (see summarize)."""
+    per-request results and the summary (see summarize). `prior`: the (prompt, reply) pairs
+    of earlier passes the server's cache saw, for the bound (see reuse_bounds)."""
     results = [None] * len(requests)
     done = [threading.Event() for _ in requests]
     lock = threading.Lock()
@@ -359,7 +364,7 @@ def replay(url, requests, clients=2, n_probs=4, reply_filter="grammar", cache_pr
     if state["error"]:
         raise ServerError(state["error"])
     record = {"requests": results, "wall_s": wall, "clients": clients, "reply_filter": reply_filter,
-              "cache_prompt": cache_prompt}
+              "cache_prompt": cache_prompt, "prior": [[list(p), list(r)] for p, r in prior]}
     probe = Client(url)
     try:
         status, text = probe.get("/metrics")
@@ -373,7 +378,7 @@ def replay(url, requests, clients=2, n_probs=4, reply_filter="grammar", cache_pr
 
 def summarize(record):
     rs = record["requests"]
-    bounds = reuse_bounds([(r["prompt"], r["reply"]) for r in rs])
+    bounds = reuse_bounds([(r["prompt"], r["reply"]) for r in rs], record.get("prior", ()))
     prompt_tokens = sum(len(r["prompt"]) for r in rs)
     reused = sum(int(r["timings"].get("cache_n", 0)) for r in rs)
     # cache_n + prompt_n is the whole prompt in this llama.cpp version; a request where it is
@@ -400,6 +405,7 @@ def summarize(record):
         r["bound"] = b
     return {
         "requests": len(rs),
+        "prior_requests": len(record.get("prior", ())),
         "prompt_tokens": prompt_tokens,
         "reused_tokens": reused,
         "bound_tokens": bound,
@@ -411,6 +417,12 @@ def summarize(record):
         "requests_per_second": len(rs) / span if span > 0 else None,
         "vm_hwm_mib": record["memory"]["vm_hwm_mib"], "vm_rss_mib": record["memory"]["vm_rss_mib"],
         "miscounted_requests": miscounted, "short_replies": short,
+        # kvfuse-llama-server's timings say how much of cache_n its backend restored
+        # (cache_backend_n); the stock server has no such field.
+        "reused_from_backend": extra.get("cache_backend_n"),
+        # kvfuse's five counters that must stay zero, summed from /metrics (None for stock).
+        "must_be_zero": (sum(v for k, v in record.get("metrics", {}).items() if k.startswith("kvfuse:must_be_zero"))
+                         if any(k.startswith("kvfuse:must_be_zero") for k in record.get("metrics", {})) else None),
         "extra_timings": extra,
         "replies_sha256": replies.hexdigest(), "outputs_sha256": outputs.hexdigest(),
     }
@@ -419,13 +431,13 @@ def summarize(record):
 # ---- reporting ----------------------------------------------------------------------------
 
 COLUMNS = [("model", "{}"), ("workload", "{}"), ("config", "{}"), ("prompt", "{:,}"), ("bound", "{:,}"),
-           ("reused", "{:,}"), ("of bound", "{:.3f}"), ("TTFT p50", "{:.1f}"), ("p99", "{:.1f}"),
+           ("reused", "{:,}"), ("by kvfuse", "{:,}"), ("of bound", "{:.3f}"), ("TTFT p50", "{:.1f}"), ("p99", "{:.1f}"),
            ("prompt_ms p50", "{:.1f}"), ("p99 ", "{:.1f}"), ("req/s", "{:.2f}"), ("VmHWM MiB", "{:.0f}")]
 
 
 def table_row(model, workload, config, s):
     values = [model, workload, config, s["prompt_tokens"], s["bound_tokens"], s["reused_tokens"],
-              s["reused_share_of_bound"], s["ttft_wall_ms_p50"], s["ttft_wall_ms_p99"], s["prompt_ms_p50"],
+              s.get("reused_from_backend"), s["reused_share_of_bound"], s["ttft_wall_ms_p50"], s["ttft_wall_ms_p99"], s["prompt_ms_p50"],
               s["prompt_ms_p99"], s["requests_per_second"], s["vm_hwm_mib"]]
     return [("n/a" if v is None else fmt.format(v)) for (_, fmt), v in zip(COLUMNS, values)]
 
