@@ -33,7 +33,12 @@ and a chat turn's prompt contains the reply tokens the server returned for earli
 The bound: the prompt tokens an ideal prefix cache could have served. For each request in
 workload order, the longest common prefix of its prompt with any earlier request's prompt
 followed by that request's reply, capped at the prompt's length - 1 (a server must compute
-at least one token to sample from); summed over the requests.
+at least one token to sample from); summed over the requests. A run that replays the
+workload again (a second pass, or after a restart) counts the earlier passes' requests as
+earlier (`prior`).
+
+Each request opens its own connection: at this commit the stock server closes a connection
+after a streamed response, so the next request on a kept-alive one fails.
 
 Per run it reports prompt tokens, reused tokens (the sum of `timings.cache_n`, which this
 llama.cpp version sets to the prompt tokens it did not recompute; `timings.prompt_n` is the
