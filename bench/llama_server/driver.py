@@ -436,14 +436,15 @@ def summarize(record):
 # ---- reporting ----------------------------------------------------------------------------
 
 COLUMNS = [("model", "{}"), ("workload", "{}"), ("config", "{}"), ("prompt", "{:,}"), ("bound", "{:,}"),
-           ("reused", "{:,}"), ("by kvfuse", "{:,}"), ("of bound", "{:.3f}"), ("TTFT p50", "{:.1f}"), ("p99", "{:.1f}"),
-           ("prompt_ms p50", "{:.1f}"), ("p99 ", "{:.1f}"), ("req/s", "{:.2f}"), ("VmHWM MiB", "{:.0f}")]
+           ("reused", "{:,}"), ("by kvfuse", "{:,}"), ("of bound", "{:.3f}"),
+           ("TTFT p50", "{:.1f}"), ("TTFT p99", "{:.1f}"), ("prompt_ms p50", "{:.1f}"), ("prompt_ms p99", "{:.1f}"),
+           ("req/s", "{:.2f}"), ("VmHWM MiB", "{:.0f}")]
 
 
 def table_row(model, workload, config, s):
     values = [model, workload, config, s["prompt_tokens"], s["bound_tokens"], s["reused_tokens"],
-              s.get("reused_from_backend"), s["reused_share_of_bound"], s["ttft_wall_ms_p50"], s["ttft_wall_ms_p99"], s["prompt_ms_p50"],
-              s["prompt_ms_p99"], s["requests_per_second"], s["vm_hwm_mib"]]
+              s.get("reused_from_backend"), s["reused_share_of_bound"], s["ttft_wall_ms_p50"], s["ttft_wall_ms_p99"],
+              s["prompt_ms_p50"], s["prompt_ms_p99"], s["requests_per_second"], s["vm_hwm_mib"]]
     return [("n/a" if v is None else fmt.format(v)) for (_, fmt), v in zip(COLUMNS, values)]
 
 

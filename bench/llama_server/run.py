@@ -318,7 +318,8 @@ def report(summary, markdown):
                          f"of what the warm server reused on the same pass >= 0.9")
         for c in ("kvfuse-mem64", "kvfuse-mem1", "kvfuse-mem1-disk", "kvfuse-warm", "kvfuse-restart"):
             if chat[c] and chat[c].get("must_be_zero"):
-                goals.append(f"MISS  {model} chat: {c}: kvfuse's must-be-zero counters sum to {chat[c]['must_be_zero']:g}")
+                goals.append(f"MISS  {model} chat: {c}: kvfuse's must-be-zero counters sum to "
+                             f"{chat[c]['must_be_zero']:g}")
     if goals:
         out.append("goals of issue 28 (informative: a MISS does not fail the run):")
         out += ["  " + g for g in goals]
