@@ -182,6 +182,8 @@ def save_run(record, out_dir, flags, seconds):
     for key in ("miscounted_requests", "short_replies"):
         if s[key]:
             print(f"    {key}: {', '.join(s[key])}", flush=True)
+    if s["requests_over_bound"]:
+        print(f"    {s['requests_over_bound']} requests reused more than their bound", flush=True)
     return {"model": record["model"], "workload": record["workload"], "config": record["config"],
             "label": record["label"], "server": record["server"], "flags": flags,
             "json": os.path.basename(path), "seconds": seconds, "summary": s}
@@ -206,6 +208,11 @@ def run_all(a):
                "models": a.models, "workloads": a.workloads, "quick": a.quick, "skipped": skipped, "rows": []}
     wargs = workload_args(a.quick)
     summary["workload_descriptions"] = {w: describe(w, wargs) for w in a.workloads}
+    if not any(present[CONFIG_BY_ID[c][1]] for c in a.configs):
+        with open(os.path.join(a.out_dir, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=1)
+        print("llama_server bench: no server binary to run; nothing measured")
+        return 0
     failures = 0
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="kvfuse-llama-server-bench-") as tmp:
