@@ -13,8 +13,8 @@ from the client's own clock, never from inside either server. Python's standard 
 What it sends: `POST /completion` with the prompt as a token array (so the tokens are exactly
 the ones the bound below is computed on, with no tokenizer in between), `temperature` 0,
 `n_predict`, `n_probs`, `cache_prompt` true, `return_tokens` true, `ignore_eos` true and
-`stream` true. The tiny random test models emit byte tokens that are not UTF-8, which the
-stock server answers with a 500, so by default each request carries the grammar
+`stream` true. The tiny random test models can emit byte tokens that do not form UTF-8,
+which the stock server answers with a 500, so by default each request carries the grammar
 `root ::= [a-z ]+`: the replies are ASCII byte tokens, still greedy within the grammar
 (`--reply-filter none` drops it).
 
@@ -24,7 +24,8 @@ and a chat turn's prompt contains the reply tokens the server returned for earli
 - chat: more conversations than slots, each opening with one of a few shared system prompts,
   several turns; turn t of every conversation is sent before turn t+1 of any, the next
   request going to whichever client is free (as many clients as the server has slots), and
-  a turn waits for its conversation's previous reply.
+  a turn waits for its conversation's previous reply. Its shape is kvfuse-llama's
+  conversations (apps/llama/workload.hpp); the ids come from Python's random, so they differ.
 - trace: the first requests of a Mooncake-format trace (traces/ in the repository), scaled
   as kvfuse-llama scales it (apps/llama/workload.hpp): each 512-token block becomes
   `--trace-block-tokens` tokens whose ids derive from the block's hash id and the position in

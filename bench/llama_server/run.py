@@ -193,7 +193,14 @@ def run_all(a):
     binaries = default_binaries(a.build_dir)
     models_dir = a.models_dir or os.path.join(a.build_dir, "integrations", "llama", "models")
     logs = os.path.join(a.out_dir, "logs")
-    os.makedirs(logs, exist_ok=True)
+    shutil.rmtree(logs, ignore_errors=True)  # an earlier run's files would pass for this one's
+    os.makedirs(logs)
+    for model in MODELS:
+        for workload in ("chat", "trace"):
+            for c in CONFIGS:
+                stale = os.path.join(a.out_dir, f"{model}_{workload}_{c[0]}.json")
+                if os.path.exists(stale):
+                    os.remove(stale)
     present = {k: os.access(v, os.X_OK) for k, v in binaries.items()}
     skipped = []
     for kind in ("stock", "kvfuse"):
