@@ -279,6 +279,11 @@ print(f"# note {'; '.join(notes) if notes else 'every configuration ran'}")
 print(f"# date {doc.get('date_utc', '')}")
 print(f"# title {doc.get('workload_descriptions', {}).get(sys.argv[2], sys.argv[2])}")
 print(f"# ncol {len(configs) + 1}")
+# stock in reds, kvfuse in blues, the passes after the first in greens
+colors = {"stock-default": "#b30000", "stock-restart": "#fc8d59", "stock-ram64": "#e34a33", "stock-ram1": "#fdcc8a",
+          "kvfuse-mem64": "#08519c", "kvfuse-mem1": "#3182bd", "kvfuse-mem1-disk": "#6baed6",
+          "kvfuse-warm": "#31a354", "kvfuse-restart": "#a1d99b"}
+print(f"# colors {' '.join(colors.get(c, '#808080') for c in configs)}")
 print("model " + " ".join(f'"{c}"' for c in configs))
 for m in models:
     cells = [share.get((m, c)) for c in configs]
@@ -292,6 +297,8 @@ if grep -q '^"' "$work/llama_server_chat.dat" 2>/dev/null; then
   grep -q '^"' "$work/llama_server_trace.dat" 2>/dev/null && panels=2
   chat_title=$(sed -n 's/^# title //p' "$work/llama_server_chat.dat")
   chat_ncol=$(sed -n 's/^# ncol //p' "$work/llama_server_chat.dat")
+  chat_colors=$(sed -n 's/^# colors //p' "$work/llama_server_chat.dat")
+  trace_colors=$(sed -n 's/^# colors //p' "$work/llama_server_trace.dat" 2>/dev/null)
   trace_title=$(sed -n 's/^# title //p' "$work/llama_server_trace.dat" 2>/dev/null)
   trace_ncol=$(sed -n 's/^# ncol //p' "$work/llama_server_trace.dat" 2>/dev/null)
   gnuplot <<GP
@@ -309,10 +316,12 @@ set grid ytics
 set key outside right top noenhanced
 set ylabel "reused / bound"
 set title "${chat_title}" noenhanced
-plot for [i=2:${chat_ncol}] "$work/llama_server_chat.dat" using i:xtic(1) title columnheader(i)
+colors = "${chat_colors}"
+plot for [i=2:${chat_ncol}] "$work/llama_server_chat.dat" using i:xtic(1) title columnheader(i) lc rgb word(colors, i - 1)
 if (${panels} == 2) {
   set title "${trace_title}" noenhanced
-  plot for [i=2:${trace_ncol:-1}] "$work/llama_server_trace.dat" using i:xtic(1) title columnheader(i)
+  colors = "${trace_colors}"
+  plot for [i=2:${trace_ncol:-1}] "$work/llama_server_trace.dat" using i:xtic(1) title columnheader(i) lc rgb word(colors, i - 1)
 }
 unset multiplot
 GP
