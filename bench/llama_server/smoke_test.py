@@ -12,12 +12,16 @@ What it asserts, each a way the benchmark could report nonsense:
   4. a prompt sent again right after itself reuses all of it but one token: its bound;
   5. the same chat with "cache_prompt": false reuses 0 (so 3 measures the cache, not the
      driver), and a request doctored to claim more than its bound is caught by the summary;
-  6. the run's JSON reads back to the same summary.
+  6. the run's JSON reads back to the same summary;
+  7. run.py, the orchestrator, runs a small version of the benchmark end to end: its stock
+     rows are there, a kvfuse row whose binary is missing is skipped and said so (never
+     stood in for), and the restarted stock server's bound counts the first pass.
 Exit 0 when all hold, 1 naming the first that does not.
 """
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
@@ -101,6 +105,25 @@ def main():
         with open(path, encoding="utf-8") as f:
             back = json.load(f)
         check(back["summary"] == s and driver.summarize(back) == s, "the run's JSON reads back to the same summary")
+        # 7.
+        out = os.path.join(tmp, "orchestrated")
+        env = dict(os.environ, STOCK_SERVER=a.server, KVFUSE_SERVER=os.path.join(tmp, "no-such-binary"))
+        proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "run.py"),
+                               "--quick", "--models", "llama", "--models-dir", a.models_dir, "--out-dir", out,
+                               "--configs", "stock-default,stock-restart,kvfuse-mem1"],
+                              env=env, capture_output=True, text=True, timeout=240)
+        print(proc.stdout[-3000:], proc.stderr[-2000:])
+        check(proc.returncode == 0, f"run.py --quick exits 0 (got {proc.returncode})")
+        with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
+            summary = json.load(f)
+        rows = {(r["workload"], r["config"]): r["summary"] for r in summary["rows"]}
+        check(set(rows) == {(w, c) for w in ("chat", "trace") for c in ("stock-default", "stock-restart")},
+              f"run.py wrote the four stock rows and nothing else (got {sorted(rows)})")
+        check([x["configs"] for x in summary["skipped"]] == [["kvfuse-mem1"]] and "skipping kvfuse-mem1" in proc.stdout,
+              "the kvfuse row without a binary is skipped and said so")
+        first, again = rows[("chat", "stock-default")], rows[("chat", "stock-restart")]
+        check(again["prior_requests"] == first["requests"] and again["bound_tokens"] > first["bound_tokens"],
+              f"the restarted server's bound counts the first pass ({again['bound_tokens']} > {first['bound_tokens']})")
     print("llama_server_bench smoke: all checks hold")
 
 
