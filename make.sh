@@ -9,7 +9,7 @@ if [ $# -eq 0 ]; then
 usage: ./make.sh <target>
   demo    build and run the main jobs (kvfuse-replay, then kvfuse-llama); prints their reports
   test    build and run the whole test suite: -Werror build + ctest, then ASan+UBSan, then TSan
-  bench   build the benchmarks and kvfuse-replay, print one table and draw the plots (bench/README.md)
+  bench   build the benchmarks and kvfuse-replay, print one table, run llama-server side by side, draw the plots (bench/README.md)
   clean   remove build/
 USAGE
   exit 0

@@ -17,6 +17,11 @@
 #                                   dense against the index's state capacity, lru against
 #                                   spared_tokens
 #
+#   docs/img/llama_server_reuse.png  llama_server/summary.json (bench/llama_server/run.py): the
+#                                   stock llama-server and kvfuse-llama-server, prompt tokens
+#                                   reused as a share of the workload's bound, per model and
+#                                   cache configuration, chat and trace
+#
 #   bench/plot.sh [RESULTS_DIR [IMG_DIR]]   defaults: build/bench-results, docs/img of the repository
 #
 # A plot whose JSON is missing is skipped with a message (exit 0); exit 1 if there was
@@ -242,6 +247,88 @@ GP
   drawn=$((drawn + 1))
 else
   echo "plot.sh: skipped state_eviction.png (no replay_eviction_*.json in $results)"
+fi
+
+# ---- llama-server's prompt cache: reuse as a share of the bound, per model and configuration --
+# bench/llama_server/run.py's summary.json. One file per workload: a header line of the
+# configurations that ran, then per model its reused share of the bound in each ("?" where
+# that configuration has no row for the model); a comment line names the skipped ones.
+for workload in chat trace; do
+  python3 - "$results/llama_server/summary.json" "$workload" >"$work/llama_server_$workload.dat" <<'PY' || true
+import json, sys
+try:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        doc = json.load(f)
+except (OSError, ValueError) as e:
+    sys.exit(f"plot.sh: {sys.argv[1]}: {e}")
+rows = [r for r in doc.get("rows", []) if r["workload"] == sys.argv[2]]
+if not rows:
+    sys.exit(1)  # the shell says what was skipped
+configs, models = [], []
+for r in rows:
+    if r["config"] not in configs:
+        configs.append(r["config"])
+    if r["model"] not in models:
+        models.append(r["model"])
+share = {(r["model"], r["config"]): r["summary"]["reused_share_of_bound"] for r in rows}
+notes = []
+for s in doc.get("skipped", []):
+    binary = "kvfuse-llama-server" if s["server"] == "kvfuse" else "llama-server"
+    notes.append(f"{s['server']} rows not run (no {binary} binary)")
+print(f"# note {'; '.join(notes) if notes else 'every configuration ran'}")
+print(f"# date {doc.get('date_utc', '')}")
+print(f"# title {doc.get('workload_descriptions', {}).get(sys.argv[2], sys.argv[2])}")
+print(f"# ncol {len(configs) + 1}")
+# stock in reds, kvfuse in blues, the passes after the first in greens
+colors = {"stock-default": "#b30000", "stock-restart": "#fc8d59", "stock-ram64": "#e34a33", "stock-ram1": "#fdcc8a",
+          "kvfuse-mem64": "#08519c", "kvfuse-mem1": "#3182bd", "kvfuse-mem1-disk": "#6baed6",
+          "kvfuse-warm": "#31a354", "kvfuse-restart": "#a1d99b"}
+print(f"# colors {' '.join(colors.get(c, '#808080') for c in configs)}")
+print("model " + " ".join(f'"{c}"' for c in configs))
+for m in models:
+    cells = [share.get((m, c)) for c in configs]
+    print(f'"{m}" ' + " ".join("?" if v is None else f"{v:g}" for v in cells))
+PY
+done
+if grep -q '^"' "$work/llama_server_chat.dat" 2>/dev/null; then
+  note=$(sed -n 's/^# note //p' "$work/llama_server_chat.dat")
+  date=$(sed -n 's/^# date //p' "$work/llama_server_chat.dat")
+  panels=1
+  grep -q '^"' "$work/llama_server_trace.dat" 2>/dev/null && panels=2
+  chat_title=$(sed -n 's/^# title //p' "$work/llama_server_chat.dat")
+  chat_ncol=$(sed -n 's/^# ncol //p' "$work/llama_server_chat.dat")
+  chat_colors=$(sed -n 's/^# colors //p' "$work/llama_server_chat.dat")
+  trace_colors=$(sed -n 's/^# colors //p' "$work/llama_server_trace.dat" 2>/dev/null)
+  trace_title=$(sed -n 's/^# title //p' "$work/llama_server_trace.dat" 2>/dev/null)
+  trace_ncol=$(sed -n 's/^# ncol //p' "$work/llama_server_trace.dat" 2>/dev/null)
+  gnuplot <<GP
+set terminal pngcairo size 1100,$((380 * panels + 60)) enhanced font "sans,10"
+set output "$img/llama_server_reuse.png"
+set multiplot layout ${panels},1 title "llama-server's prompt cache, stock and kvfuse: prompt tokens reused (the servers' timings.cache_n) / the workload's bound\\nbench/llama_server/run.py, ${date}; ${note}" noenhanced
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set boxwidth 0.9
+set datafile missing "?"
+set yrange [0:1.1]
+set ytics 0.2
+set grid ytics
+set key outside right top noenhanced
+set ylabel "reused / bound"
+set title "${chat_title}" noenhanced
+colors = "${chat_colors}"
+plot for [i=2:${chat_ncol}] "$work/llama_server_chat.dat" using i:xtic(1) title columnheader(i) lc rgb word(colors, i - 1)
+if (${panels} == 2) {
+  set title "${trace_title}" noenhanced
+  colors = "${trace_colors}"
+  plot for [i=2:${trace_ncol:-1}] "$work/llama_server_trace.dat" using i:xtic(1) title columnheader(i) lc rgb word(colors, i - 1)
+}
+unset multiplot
+GP
+  echo "plot.sh: wrote $img/llama_server_reuse.png"
+  drawn=$((drawn + 1))
+else
+  echo "plot.sh: skipped llama_server_reuse.png (no $results/llama_server/summary.json with a chat row)"
 fi
 
 [ "$drawn" -gt 0 ]
