@@ -25,7 +25,7 @@ struct BackendFlags {
   std::optional<std::size_t> memory_bytes;     ///< --kvfuse-memory SIZE: the memory tier's budget
   std::optional<std::filesystem::path> disk;   ///< --kvfuse-disk DIR: a disk tier behind the memory tier
   std::optional<std::size_t> disk_bytes;       ///< --kvfuse-disk-size SIZE: the disk tier's budget
-  std::optional<std::string> redis;            ///< --kvfuse-redis ADDR: unix:PATH or HOST:PORT, behind the rest
+  std::optional<std::string> redis;            ///< --kvfuse-redis ADDR: unix:PATH, HOST:PORT or cluster:SEED[,SEED...], behind the rest
   std::optional<std::string> checkpoints;      ///< --kvfuse-checkpoints POLICY: default, last, all, every:N
   std::optional<std::uint32_t> chunk_tokens;   ///< --kvfuse-chunk-tokens N: tokens per tier chunk
 

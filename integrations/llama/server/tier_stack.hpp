@@ -1,7 +1,8 @@
 // tier_stack.hpp — the tiers kvfuse-llama-server's flags ask for, chosen at run time: a
-// memory tier (--kvfuse-memory), then a disk tier (--kvfuse-disk), then a Redis server
-// (--kvfuse-redis), each behind the one before it (TieredTier: a get falls through and the
-// hit is copied to the front; a put goes to the back and the front).
+// memory tier (--kvfuse-memory), then a disk tier (--kvfuse-disk), then a Redis server or a
+// Redis Cluster (--kvfuse-redis ADDR, or cluster:SEED[,SEED...]), each behind the one before
+// it (TieredTier: a get falls through and the hit is copied to the front; a put goes to the
+// back and the front).
 //
 // The SlotCache is a template over its tier; one TierStack type serves every combination
 // through a small virtual interface, so the three models are compiled once each rather than
@@ -17,6 +18,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <kvfuse/tier/disk_tier.hpp>
@@ -24,6 +27,7 @@
 #include <kvfuse/tier/tier.hpp>
 #include <kvfuse/tier/tiered_tier.hpp>
 #if KVFUSE_LLAMA_SERVER_REDIS
+#include <kvfuse/tier/redis_cluster_tier.hpp>
 #include <kvfuse/tier/redis_tier.hpp>
 #endif
 
@@ -34,7 +38,7 @@ struct TierStackOptions {
   std::size_t memory_bytes = std::size_t{256} << 20;  ///< the memory tier's capacity
   std::optional<std::filesystem::path> disk;          ///< a disk tier in this directory
   std::optional<std::size_t> disk_bytes;              ///< the disk tier's budget (none: unbounded)
-  std::optional<std::string> redis;                   ///< a Redis server at this address, last
+  std::optional<std::string> redis;                   ///< a Redis server at this address, or `cluster:` and seeds, last
   std::string redis_prefix = "kvfuse-llama-server:";  ///< every Redis key starts with it
 };
 
@@ -42,7 +46,7 @@ struct TierStackOptions {
 struct TierStackStats {
   MemoryTierStats memory;
   std::uint64_t disk_entries = 0, disk_bytes = 0, disk_refused = 0;
-  bool has_disk = false, has_redis = false;
+  bool has_disk = false, has_redis = false, redis_cluster = false;
   std::uint64_t redis_hits = 0, redis_misses = 0, redis_failures = 0, redis_timeouts = 0, redis_put_failures = 0;
 };
 
@@ -63,10 +67,18 @@ class TierStack {
     if (o.redis) {
 #if KVFUSE_LLAMA_SERVER_REDIS
       try {
-        RedisTierOptions r;
-        r.set_address(*o.redis);
-        r.key_prefix = o.redis_prefix;
-        redis_ = std::make_unique<RedisImpl>(r);
+        constexpr std::string_view cluster = "cluster:";
+        if (std::string_view(*o.redis).substr(0, cluster.size()) == cluster) {
+          RedisClusterTierOptions r;
+          r.add_seeds(std::string_view(*o.redis).substr(cluster.size()));
+          r.key_prefix = o.redis_prefix;
+          redis_ = std::make_unique<RemoteOf<RedisClusterTier>>(std::move(r));
+        } else {
+          RedisTierOptions r;
+          r.set_address(*o.redis);
+          r.key_prefix = o.redis_prefix;
+          redis_ = std::make_unique<RemoteOf<RedisTier>>(std::move(r));
+        }
         (void)redis_->keys(EntryKind::state);  // answers, or throws: checked before the model loads
       } catch (const Error& e) {
         throw Error(ErrorCode::io_failure, "--kvfuse-redis " + *o.redis + ": " + e.what());
@@ -114,6 +126,7 @@ class TierStack {
     if (redis_) {
       const RedisTierStats r = redis_->stats();
       s.has_redis = true;
+      s.redis_cluster = redis_->cluster();
       s.redis_hits = r.hits;
       s.redis_misses = r.misses;
       s.redis_failures = r.get_failures;
@@ -128,15 +141,36 @@ class TierStack {
   [[nodiscard]] DiskTier* disk() noexcept { return disk_.get(); }
 
  private:
+  // The Redis at the back: one redis-server or a cluster, known only at run time, so it
+  // sits behind a small virtual interface like the chain does.
+  struct RedisImpl {
+    virtual ~RedisImpl() = default;
+    virtual TierView get(const TierKey&, std::span<std::byte>) noexcept = 0;
+    virtual bool put(const TierKey&, std::span<const std::byte>) noexcept = 0;
+    virtual bool contains(const TierKey&) const noexcept = 0;
+    virtual bool erase(const TierKey&) noexcept = 0;
+    virtual std::vector<TierKey> keys(EntryKind) const = 0;
 #if KVFUSE_LLAMA_SERVER_REDIS
-  using RedisImpl = RedisTier;
-#else
-  struct RedisImpl {  // never built: keeps the chain types well-formed without hiredis
-    TierView get(const TierKey&, std::span<std::byte>) noexcept { return TierView{GetStatus::miss}; }
-    bool put(const TierKey&, std::span<const std::byte>) noexcept { return false; }
-    bool contains(const TierKey&) const noexcept { return false; }
-    bool erase(const TierKey&) noexcept { return false; }
-    std::vector<TierKey> keys(EntryKind) const { return {}; }
+    virtual RedisTierStats stats() const = 0;  // a cluster's: its totals over every node
+    virtual bool cluster() const noexcept = 0;
+#endif
+  };
+#if KVFUSE_LLAMA_SERVER_REDIS
+  template <class T>
+  struct RemoteOf final : RedisImpl {
+    T tier;
+    template <class Options>
+    explicit RemoteOf(Options o) : tier(std::move(o)) {}
+    TierView get(const TierKey& k, std::span<std::byte> staging) noexcept override { return tier.get(k, staging); }
+    bool put(const TierKey& k, std::span<const std::byte> b) noexcept override { return tier.put(k, b); }
+    bool contains(const TierKey& k) const noexcept override { return tier.contains(k); }
+    bool erase(const TierKey& k) noexcept override { return tier.erase(k); }
+    std::vector<TierKey> keys(EntryKind kind) const override { return tier.keys(kind); }
+    RedisTierStats stats() const override {
+      if constexpr (std::is_same_v<T, RedisClusterTier>) return tier.stats().totals;
+      else return tier.stats();
+    }
+    bool cluster() const noexcept override { return std::is_same_v<T, RedisClusterTier>; }
   };
 #endif
 

@@ -14,6 +14,8 @@ what comes back:
     restart           kill -9, restart on the same --kvfuse-disk: the repeat reuses from disk
     redis             two servers over one redis-server: the second reuses what the first
                       computed; then redis-server is stopped and both still answer right
+    cluster           two servers over one Redis Cluster (3 primaries, 3 replicas, started
+                      here): the second reuses what the first computed, with the same bits
     flags             bad --kvfuse-* values exit 1 naming the flag and the value, before
                       the model loads
 
@@ -36,6 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..", "apps", "common"))
+from redis_cluster import redis_cluster  # noqa: E402
 
 GRAMMAR = "root ::= [a-z ]+"
 COMMON = ["-c", "4096", "-np", "1", "-fa", "off", "-ub", "64", "-t", "2", "--metrics", "--no-warmup"]
@@ -378,6 +383,37 @@ def case_redis(a, tmp):
             two.stop()
 
 
+def case_cluster(a, tmp):
+    model = os.path.join(a.models, "llama.gguf")
+    convs = conversations(n_conv=2, turns=2)
+    stock = Server(a.stock, model, tmp, "stock", ["--cache-ram", "0"])
+    try:
+        ref = play(stock, convs, cache_prompt=False)
+    finally:
+        stock.stop()
+    with redis_cluster() as cluster:
+        flags = ["--kvfuse-memory", "4MiB", "--kvfuse-redis", "cluster:" + cluster.seeds()]
+        one = start_kvfuse(a, tmp, model, "kvfuse-1", flags)
+        two = start_kvfuse(a, tmp, model, "kvfuse-2", flags)
+        try:
+            for i, (prompt, tokens, probs, _) in enumerate(ref):
+                r1 = one.complete(prompt)
+                r2 = two.complete(prompt)
+                n = r2["timings"].get("cache_backend_n", 0)
+                if i == 0:
+                    print(f"cluster: the second server's first request reused {n} of {len(prompt)} tokens the first computed")
+                    if n == 0:
+                        raise AssertionError("the second server reused nothing the first saved in the cluster")
+                for who, r in (("first", r1), ("second", r2)):
+                    if r["tokens"] != tokens or first_step(r) != probs:
+                        raise AssertionError(f"request {i} on the {who} server over the cluster differs from the reference")
+            zeros(one.metrics())
+            zeros(two.metrics())
+        finally:
+            one.stop()
+            two.stop()
+
+
 def case_flags(a, tmp):
     model = os.path.join(a.models, "llama.gguf")
     missing = os.path.join(tmp, "no-such-model.gguf")
@@ -486,6 +522,8 @@ def main():
             if not a.redis_server:
                 raise RuntimeError("redis-server is missing. Run, as root: apt-get install -y redis-server libhiredis-dev")
             case_redis(a, tmp)
+        elif a.case == "cluster":
+            case_cluster(a, tmp)
         elif a.case == "flags":
             case_flags(a, tmp)
         elif a.case == "boundaries":
