@@ -4,7 +4,7 @@ prompt cache served.
 
     driver.py --url http://127.0.0.1:PORT --workload chat|trace [options] [--json OUT]
 
-Why a separate client: the side-by-side benchmark of issue 28 compares the stock llama-server
+Why a separate client: the side-by-side benchmark compares the stock llama-server
 with kvfuse-llama-server as a user sees them, through HTTP, so every figure here comes from
 what the server answers (`timings` of each response, `/metrics`, its `/proc/PID/status`) and
 from the client's own clock, never from inside either server. Python's standard library only

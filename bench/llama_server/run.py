@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The side-by-side benchmark of issue 28: the stock llama-server and kvfuse-llama-server,
+"""The side-by-side benchmark: the stock llama-server and kvfuse-llama-server,
 each started here on a free port in a temporary directory, replaying the same workloads
 through driver.py, per model and per cache configuration; one table, and the JSON that
 bench/plot.sh draws docs/img/llama_server_reuse.png from.
@@ -335,7 +335,7 @@ def report(summary, markdown):
                 goals.append(f"MISS  {model} chat: {c}: kvfuse's must-be-zero counters sum to "
                              f"{chat[c]['must_be_zero']:g}")
     if goals:
-        out.append("goals of issue 28 (informative: a MISS does not fail the run):")
+        out.append("goals (docs/llama-server.md; informative: a MISS does not fail the run):")
         out += ["  " + g for g in goals]
     return "\n".join(out)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the side-by-side benchmark of llama-server's prompt cache (issue 28): the stock
+# Runs the side-by-side benchmark of llama-server's prompt cache: the stock
 # llama-server and kvfuse-llama-server of a kvfuse build tree, each started on a free port in
 # a temporary directory, replaying a multi-user chat and the first requests of the shipped
 # Mooncake trace for the three tiny models; prints one table and writes the JSON that
