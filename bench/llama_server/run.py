@@ -190,6 +190,8 @@ def save_run(record, out_dir, flags, seconds):
 
 
 def run_all(a):
+    # Servers run in temporary directories: a relative build tree would not be found there.
+    a.build_dir = os.path.abspath(a.build_dir)
     binaries = default_binaries(a.build_dir)
     models_dir = a.models_dir or os.path.join(a.build_dir, "integrations", "llama", "models")
     logs = os.path.join(a.out_dir, "logs")
