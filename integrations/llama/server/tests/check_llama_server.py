@@ -342,14 +342,19 @@ def redis_server(binary, tmp):
         proc.wait()
 
 
-def case_redis(a, tmp):
+def shared_tier_reference(a, tmp):
+    """The dense model and stock's answers (its cache off) to the conversations two servers
+    on one shared tier (a redis-server, a cluster) then replay."""
     model = os.path.join(a.models, "llama.gguf")
-    convs = conversations(n_conv=2, turns=2)
     stock = Server(a.stock, model, tmp, "stock", ["--cache-ram", "0"])
     try:
-        ref = play(stock, convs, cache_prompt=False)
+        return model, play(stock, conversations(n_conv=2, turns=2), cache_prompt=False)
     finally:
         stock.stop()
+
+
+def case_redis(a, tmp):
+    model, ref = shared_tier_reference(a, tmp)
     with redis_server(a.redis_server, tmp) as (sock, redis):
         flags = ["--kvfuse-memory", "4MiB", "--kvfuse-redis", f"unix:{sock}"]
         one = start_kvfuse(a, tmp, model, "kvfuse-1", flags)
@@ -384,13 +389,7 @@ def case_redis(a, tmp):
 
 
 def case_cluster(a, tmp):
-    model = os.path.join(a.models, "llama.gguf")
-    convs = conversations(n_conv=2, turns=2)
-    stock = Server(a.stock, model, tmp, "stock", ["--cache-ram", "0"])
-    try:
-        ref = play(stock, convs, cache_prompt=False)
-    finally:
-        stock.stop()
+    model, ref = shared_tier_reference(a, tmp)
     with redis_cluster() as cluster:
         flags = ["--kvfuse-memory", "4MiB", "--kvfuse-redis", "cluster:" + cluster.seeds()]
         one = start_kvfuse(a, tmp, model, "kvfuse-1", flags)
