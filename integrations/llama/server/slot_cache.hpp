@@ -46,6 +46,7 @@
 #include <kvfuse/host/slot_pool.hpp>
 #include <kvfuse/kvfuse.hpp>
 #include <kvfuse/llama/blob_codec.hpp>
+#include <kvfuse/llama/detail/in_process.hpp>
 #include <kvfuse/llama/detail/server_setup.hpp>
 #include <kvfuse/llama/prefix_hashes.hpp>
 #include <kvfuse/llama/serving.hpp>
@@ -107,8 +108,8 @@ class SlotCache {
         group_(SingleRankOptions{Conn::lane_count, 4096, {}}),
         index_(OffloadIndexOptions{.hash_capacity = std::size_t{1} << 16, .slot_count = geometry_.num_slots}),
         pump_(group_, index_),
-        transport_{this},
-        lookup_{this},
+        transport_{&connector_},
+        lookup_{&tier_, &geometry_},
         coordinator_(CoordinatorOptions{.layout = layout,
                                         .grids = PlanGrids{geometry_.block_tokens, geometry_.chunk_tokens},
                                         .expected_requests = 64,
@@ -364,11 +365,13 @@ class SlotCache {
   [[nodiscard]] const RankGeometry& geometry() const noexcept { return geometry_; }
   /// The tier key of a KV chunk or state entry of this cache's model.
   [[nodiscard]] TierKey tier_key(PrefixHash hash, EntryKind kind) const noexcept {
-    return TierKey{geometry_.model, hash, geometry_.world_size, geometry_.rank, kind};
+    return kvfuse::llama::detail::tier_key_of(geometry_, hash, kind);
   }
 
  private:
   using Clock = std::chrono::steady_clock;
+  using Transport = kvfuse::llama::detail::InProcessTransport<Conn>;
+  using Lookup = kvfuse::llama::detail::LeadingChunks<T>;
   using Book = AdmissionBook<>;
   using Entry = typename Book::Entry;
 
@@ -383,30 +386,6 @@ class SlotCache {
     TokenCount loaded = 0;
   };
 
-  struct Transport {
-    SlotCache* e;
-    bool send(const LoadRequest& r) {
-      e->connector_.load(r);
-      return true;
-    }
-    bool send(const KvSave& s) {
-      e->connector_.save_kv(s);
-      return true;
-    }
-    bool send(const StateSave& s) {
-      if constexpr (stateful) e->connector_.save_state(s);
-      return stateful;
-    }
-  };
-  // How many leading chunks the tier holds.
-  struct Lookup {
-    SlotCache* e;
-    std::size_t operator()(std::span<const PrefixHash> keys) {
-      std::size_t n = 0;
-      while (n < keys.size() && e->tier_.contains(e->tier_key(keys[n], EntryKind::kv_chunk))) ++n;
-      return n;
-    }
-  };
 
   template <class Change>
   bool rewrite(const TierKey& key, std::size_t bytes, Change change) {

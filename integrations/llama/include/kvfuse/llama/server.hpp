@@ -39,6 +39,7 @@
 #include <kvfuse/host/block_pool.hpp>
 #include <kvfuse/host/slot_pool.hpp>
 #include <kvfuse/kvfuse.hpp>
+#include <kvfuse/llama/detail/in_process.hpp>
 #include <kvfuse/llama/detail/server_setup.hpp>
 #include <kvfuse/llama/prefix_hashes.hpp>
 #include <kvfuse/llama/sequence_runner.hpp>
@@ -71,8 +72,8 @@ class Server {
         group_(SingleRankOptions{Conn::lane_count, 4096, {}}),
         index_(OffloadIndexOptions{.hash_capacity = std::size_t{1} << 16, .slot_count = geometry_.num_slots}),
         pump_(group_, index_),
-        transport_{this},
-        lookup_{this},
+        transport_{&connector_, &load_hook_},
+        lookup_{&tier_, &geometry_},
         coordinator_(CoordinatorOptions{.layout = layout,
                                         .grids = PlanGrids{geometry_.block_tokens, geometry_.chunk_tokens},
                                         .expected_requests = 64,
@@ -324,39 +325,16 @@ class Server {
   }
   /// The tier key of a KV chunk or a state entry of this server's model and rank.
   [[nodiscard]] TierKey tier_key(PrefixHash hash, EntryKind kind) const noexcept {
-    return TierKey{geometry_.model, hash, geometry_.world_size, geometry_.rank, kind};
+    return detail::tier_key_of(geometry_, hash, kind);
   }
 
  private:
   using Clock = std::chrono::steady_clock;
+  using Transport = detail::InProcessTransport<Conn>;
+  using Lookup = detail::LeadingChunks<T>;
   using Book = AdmissionBook<>;
   using Entry = typename Book::Entry;
 
-  struct Transport {
-    Server* e;
-    bool send(const LoadRequest& r) {
-      if (e->load_hook_) e->load_hook_(r);
-      e->connector_.load(r);
-      return true;
-    }
-    bool send(const KvSave& s) {
-      e->connector_.save_kv(s);
-      return true;
-    }
-    bool send(const StateSave& s) {
-      if constexpr (stateful) e->connector_.save_state(s);
-      return stateful;
-    }
-  };
-  // The tier's answer: how many leading chunks it holds (asked of the one rank's tier).
-  struct Lookup {
-    Server* e;
-    std::size_t operator()(std::span<const PrefixHash> keys) {
-      std::size_t n = 0;
-      while (n < keys.size() && e->tier_.contains(e->tier_key(keys[n], EntryKind::kv_chunk))) ++n;
-      return n;
-    }
-  };
 
   static StateLeg make_state_leg(T& tier) {
     if constexpr (stateful) return StateLeg(tier);
