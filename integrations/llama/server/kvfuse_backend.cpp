@@ -9,11 +9,11 @@
 // or a prefill that started on the grid from clean cells). Only clean cells are saved, and
 // only those of whole chunks; a prompt that reuses the slot's own cells beyond that (stock's
 // token-granular reuse, which may include a reply computed one token at a time) is served as
-// stock serves it, and saved only up to where it was clean.
+// stock serves it, and saved only up to where it was clean. Once a task's reply is sent,
+// settle() recomputes it as a prefill would, so the next turn finds it clean and in the tiers.
 #include "server-prompt-cache-backend.h"
 
 #include "common.h"
-#include "gguf.h"
 #include "llama.h"
 
 #include <algorithm>
@@ -24,10 +24,14 @@
 #include <numeric>
 #include <optional>
 #include <sstream>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backend_flags.hpp"
+#include "backend_metrics.hpp"
+#include "cache_engine.hpp"
+#include "llama_calls.hpp"
 #include "slot_cache.hpp"
 #include "stream_blob.hpp"
 #include "tier_stack.hpp"
@@ -36,58 +40,6 @@ namespace kvfuse::llama_server {
 namespace {
 
 using llama::BlobFamily;
-
-/// One SlotCache of the model's family, behind one interface.
-struct Engine {
-  virtual ~Engine() = default;
-  virtual Restore begin(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount limit) = 0;
-  virtual void refused(std::uint32_t slot) = 0;
-  virtual TokenCount held_tokens(std::span<const llama_token> prompt, TokenCount limit) const = 0;
-  virtual std::vector<TokenCount> stops(std::uint32_t slot) = 0;
-  virtual void checkpoint(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount at,
-                          std::span<const std::uint8_t> partial) = 0;
-  virtual void finish(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount clean,
-                      std::span<const std::uint8_t> full) = 0;
-  virtual std::size_t reseed() = 0;
-  virtual bool tamper(std::span<const llama_token> prompt, bool state) = 0;
-  virtual SlotCacheCounters counters() const = 0;
-  virtual IndexStats index_stats() const = 0;
-  virtual CoordinatorStats coordinator_stats() const = 0;
-  virtual HostAudit audit() const = 0;
-};
-
-template <class Leg>
-struct EngineOf final : Engine {
-  SlotCache<TierStack, Leg> cache;
-  EngineOf(const llama::SequenceCodec& codec, TierStack& tier, const SlotCacheOptions& o) : cache(codec, tier, o) {}
-  Restore begin(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount limit) override {
-    return cache.begin(slot, prompt, limit);
-  }
-  void refused(std::uint32_t slot) override { cache.refused(slot); }
-  TokenCount held_tokens(std::span<const llama_token> prompt, TokenCount limit) const override {
-    return cache.held_tokens(prompt, limit);
-  }
-  std::vector<TokenCount> stops(std::uint32_t slot) override {
-    const auto s = cache.stops(slot);
-    return {s.begin(), s.end()};
-  }
-  void checkpoint(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount at,
-                  std::span<const std::uint8_t> partial) override {
-    cache.checkpoint(slot, prompt, at, partial);
-  }
-  void finish(std::uint32_t slot, std::span<const llama_token> prompt, TokenCount clean,
-              std::span<const std::uint8_t> full) override {
-    cache.finish(slot, prompt, clean, full);
-  }
-  std::size_t reseed() override { return cache.reseed_from_tier(); }
-  bool tamper(std::span<const llama_token> prompt, bool state) override {
-    return state ? cache.tamper_state(prompt) : cache.tamper_kv(prompt);
-  }
-  SlotCacheCounters counters() const override { return cache.counters(); }
-  IndexStats index_stats() const override { return cache.index_stats(); }
-  CoordinatorStats coordinator_stats() const override { return cache.coordinator_stats(); }
-  HostAudit audit() const override { return cache.audit(); }
-};
 
 /// What the backend knows about one slot.
 struct SlotProgress {
@@ -98,22 +50,9 @@ struct SlotProgress {
   std::optional<TokenCount> start;  ///< where this task's prefill started (its first computed())
   bool grid = false;           ///< the prefill started on the grid from clean cells
   bool open = false;           ///< a task between load() and its prompt's end
+  bool settle = false;         ///< a served prompt ended: settle() may recompute what followed it
+  TokenCount state_at = 0;     ///< a stateful sequence: the last boundary whose state kvfuse holds
 };
-
-std::uint64_t mix_in(std::uint64_t h, std::uint64_t v) { return mix64(h ^ (v + 0x9e3779b97f4a7c15ULL)); }
-
-std::string architecture_of(const std::string& path) {
-  gguf_init_params p{};
-  p.no_alloc = true;
-  p.ctx = nullptr;
-  gguf_context* g = gguf_init_from_file(path.c_str(), p);
-  if (g == nullptr) return {};
-  std::string arch;
-  const int64_t k = gguf_find_key(g, "general.architecture");
-  if (k >= 0) arch = gguf_get_val_str(g, k);
-  gguf_free(g);
-  return arch;
-}
 
 void say(const std::string& message) { std::fprintf(stderr, "kvfuse-llama-server: %s\n", message.c_str()); }
 
@@ -190,7 +129,7 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     if (!known_) return true;
     const llama_model* model = llama_get_model(ctx);
     try {
-      learn(params, model);
+      codec_ = learn_codec(family_, params, model, chunk_, ubatch_);
     } catch (const Error& e) {
       say(std::string("the model's state blob is not what kvfuse reads: ") + e.what());
       return false;
@@ -208,7 +147,7 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     o.slots = slots;
     o.max_prompt_tokens = llama_n_ctx_seq(ctx);
     o.checkpoints = policy_;
-    o.model_id = model_id(params, model);
+    o.model_id = model_identity(params, model, chunk_, ubatch_);
     if (family_ == BlobFamily::deepseek4) {
       // Measured, not derived: on the tiny deepseek4 at -ub 64 a resume is bit for bit at
       // 128, 384 and 640 tokens and not at 256 or 512 (in a fresh context and in a slot
@@ -217,11 +156,13 @@ class KvfuseBackend final : public server_prompt_cache_backend {
       // prefill from token 0 put them (docs/llama-server.md#deepseek4).
       o.state_period = 256;
       o.state_phase = 128;
+      state_period_ = o.state_period;
+      state_phase_ = o.state_phase;
     }
     try {
-      if (family_ == BlobFamily::attention) engine_ = std::make_unique<EngineOf<NoState>>(*codec_, *tiers_, o);
-      else if (family_ == BlobFamily::hybrid) engine_ = std::make_unique<EngineOf<RecurrentState<TierStack>>>(*codec_, *tiers_, o);
-      else engine_ = std::make_unique<EngineOf<SlotState<TierStack>>>(*codec_, *tiers_, o);
+      if (family_ == BlobFamily::attention) engine_ = std::make_unique<CacheEngineOf<NoState>>(*codec_, *tiers_, o);
+      else if (family_ == BlobFamily::hybrid) engine_ = std::make_unique<CacheEngineOf<RecurrentState<TierStack>>>(*codec_, *tiers_, o);
+      else engine_ = std::make_unique<CacheEngineOf<SlotState<TierStack>>>(*codec_, *tiers_, o);
       reseeded_ = engine_->reseed();
     } catch (const Error& e) {
       say(e.what());
@@ -239,17 +180,114 @@ class KvfuseBackend final : public server_prompt_cache_backend {
 
   int32_t load(int32_t id_slot, const std::vector<llama_token>& tokens, int32_t n_past, int32_t n_tail) override {
     if (!engine_ || id_slot < 0 || static_cast<std::size_t>(id_slot) >= slots_.size()) return n_past;
+    return start(static_cast<std::uint32_t>(id_slot), tokens, n_past, n_tail, true);
+  }
+
+  int32_t next_stop(int32_t id_slot, int32_t n_cur) override {
+    if (!engine_ || id_slot < 0 || static_cast<std::size_t>(id_slot) >= slots_.size()) return -1;
+    const SlotProgress& s = slots_[static_cast<std::size_t>(id_slot)];
+    if (!s.open || !s.grid) return -1;
+    for (const TokenCount b : engine_->stops(static_cast<std::uint32_t>(id_slot)))
+      if (b > static_cast<TokenCount>(n_cur) && b + s.tail < s.prompt) return static_cast<int32_t>(b);
+    return -1;
+  }
+
+  void computed(int32_t id_slot, const std::vector<llama_token>& tokens, int32_t n) override {
+    if (!engine_ || id_slot < 0 || static_cast<std::size_t>(id_slot) >= slots_.size() || n < 0) return;
     const auto slot = static_cast<std::uint32_t>(id_slot);
+    if (!slots_[slot].open) return;
+    if (advance(slot, tokens, static_cast<TokenCount>(n))) {
+      end_prompt(slot, tokens);
+      slots_[slot].settle = true;
+    }
+  }
+
+  // A decode step computes a reply's cells one token at a time, which sums in another order
+  // than a prefill, so they are never saved and a later prompt holding the reply would
+  // recompute it. Here, once the reply is sent and before the slot's next prompt starts,
+  // the reply (and the prompt's tail below the grid) is recomputed on the slot's sequence
+  // as a prefill from token 0 computes it, in whole ubatches from a clean boundary, and its
+  // whole chunks are saved: the next turn, in this slot or any other (or another server),
+  // reuses it bit for bit. It costs the decode of those tokens, once per ended task.
+  int32_t settle(int32_t id_slot, const std::vector<llama_token>& tokens) override {
+    if (!engine_ || id_slot < 0 || static_cast<std::size_t>(id_slot) >= slots_.size()) return -1;
+    const auto slot = static_cast<std::uint32_t>(id_slot);
+    SlotProgress& s = slots_[slot];
+    if (!s.settle || s.open) return -1;
+    s.settle = false;
+    // The last token was sampled and never decoded: the chunks end below it (and a stateful
+    // model's target is a boundary it may resume at).
+    TokenCount target = tokens.size() < 2 ? 0 : TokenGrid{chunk_}.floor(tokens.size() - 1);
+    if (state_period_ != 0 && family_ != BlobFamily::attention)
+      target = target < state_phase_ ? 0 : state_phase_ + (target - state_phase_) / state_period_ * state_period_;
+    // Nothing the prompt has not saved already: its KV chunks, and for a stateful model the
+    // state (its prompt's checkpoints sit below the server's tail split, so often well below).
+    if (target <= (family_ == BlobFamily::attention ? TokenGrid{chunk_}.floor(s.clean) : s.state_at)) return -1;
+    llama_memory_t mem = llama_get_memory(ctx_);
+    const llama_pos last = llama_memory_seq_pos_max(mem, id_slot);
+    const TokenCount cells = std::min<TokenCount>(last < 0 ? 0 : static_cast<TokenCount>(last) + 1, tokens.size());
+    // One token past the target, so the target is a state boundary the planner may choose.
+    const std::vector<llama_token> prefix(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(target) + 1);
+    const TokenCount from = static_cast<TokenCount>(start(slot, prefix, static_cast<int32_t>(cells), 0, false));
+    if (from == 0 && family_ != BlobFamily::attention) {
+      // No state to resume from: a stateful sequence would be recomputed from token 0.
+      engine_->finish(slot, prefix, 0, {});
+      s.open = false;
+      return 0;
+    }
+    (void)advance(slot, prefix, from);
+    const TokenCount at0 = from;
+    TokenCount at = !s.grid ? from : decode_run(ctx_, id_slot, from, target, ubatch_, [&](TokenCount i) { return prefix[i]; },
+                                                [&](TokenCount done) { (void)advance(slot, prefix, done); });
+    counters_.settled_tokens += at - at0;
+    if (s.grid && at < target) {
+      // A decode failed: a dense sequence keeps its clean cells, a stateful one nothing.
+      llama_memory_seq_rm(mem, id_slot, family_ == BlobFamily::attention ? static_cast<llama_pos>(at) : -1, -1);
+      if (family_ != BlobFamily::attention) s.clean = at = 0;
+    } else if (s.grid) {
+      ++counters_.settles;
+      // The generation-end checkpoint (CheckpointPolicy::at_generation_end), when the policy's
+      // prefill checkpoints did not already put one at the target.
+      const std::vector<TokenCount> stops = family_ == BlobFamily::attention ? std::vector<TokenCount>{} : engine_->stops(slot);
+      if (family_ != BlobFamily::attention && policy_.at_generation_end && at > at0 &&
+          std::find(stops.begin(), stops.end(), at) == stops.end()) {
+        try {
+          engine_->checkpoint(slot, prefix, at,
+                              one_stream(codec_->layout(), sequence_blob(ctx_, id_slot, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY), place(slot), true));
+        } catch (const Error&) {
+          ++counters_.blob_refusals;
+        }
+      }
+    }
+    s.prompt = at;
+    end_prompt(slot, prefix);
+    return static_cast<int32_t>(at);
+  }
+
+  int32_t n_loaded(int32_t id_slot) const override {
+    if (id_slot < 0 || static_cast<std::size_t>(id_slot) >= slots_.size()) return 0;
+    return static_cast<int32_t>(slots_[static_cast<std::size_t>(id_slot)].restored);
+  }
+
+  std::string metrics() override { return prometheus_text(counters_, engine_.get(), tiers_->stats(), !control_.empty()); }
+
+ private:
+  // A slot starts a prompt: `served` for a request's (counted as its reuse), not for settle().
+  // Returns n: the sequence holds the cells of tokens[0, n) (the slot's own, cut back, or
+  // restored) when n != n_past, else it is as it was.
+  int32_t start(std::uint32_t slot, const std::vector<llama_token>& tokens, int32_t n_past, int32_t n_tail, bool served) {
+    const auto id_slot = static_cast<int32_t>(slot);
     SlotProgress& s = slots_[slot];
     if (s.open) engine_->finish(slot, tokens, 0, {});  // the previous prompt never finished
     s.open = true;
     s.restored = 0;
+    s.state_at = 0;
     s.start.reset();
     s.grid = false;
     s.prompt = tokens.size();
     s.tail = static_cast<TokenCount>(std::max(0, n_tail));
     s.clean = std::min<TokenCount>(s.clean, static_cast<TokenCount>(std::max(0, n_past)));
-    prompt_tokens_ += tokens.size();
+    if (served) counters_.prompt_tokens += tokens.size();
     const TokenCount P = tokens.size();
     const TokenCount limit = P > 1 + s.tail ? P - 1 - s.tail : 0;
     // What of the slot's own cells a prompt may start from and still compute what a prefill
@@ -267,15 +305,15 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     // slot's own cells is not worth its bytes. (A stateful one keeps nothing of its own.)
     const bool worth = TokenGrid{chunk_}.floor(limit) > keep &&
                        (keep == 0 || engine_->held_tokens(tokens, limit + 1) > keep);
-    if (!control_.empty() && worth && keep == 0 && tampered_ == 0 && engine_->tamper(std::span(tokens).first(limit + 1), control_ == "wrong-state"))
-      ++tampered_;
+    if (!control_.empty() && worth && keep == 0 && counters_.tampered == 0 && engine_->tamper(std::span(tokens).first(limit + 1), control_ == "wrong-state"))
+      ++counters_.tampered;
     Restore r = engine_->begin(slot, tokens, worth ? limit : 0);
-    if (r.load != LoadKind::none) ++loads_[static_cast<std::size_t>(r.load)];
-    if (r.outcome) ++(*r.outcome == Resolution::completed ? loads_completed_ : loads_failed_);
-    if (r.stranded) ++loads_failed_;
+    if (r.load != LoadKind::none) ++counters_.loads[static_cast<std::size_t>(r.load)];
+    if (r.outcome) ++(*r.outcome == Resolution::completed ? counters_.loads_completed : counters_.loads_failed);
+    if (r.stranded) ++counters_.loads_failed;
     llama_memory_t mem = llama_get_memory(ctx_);
     if (r.boundary <= keep) {
-      reused_slot_ += keep;
+      if (served) counters_.reused_slot += keep;
       if (keep == own) return n_past;
       llama_memory_seq_rm(mem, id_slot, keep == 0 ? -1 : static_cast<llama_pos>(keep), -1);
       s.clean = std::min(s.clean, keep);
@@ -283,7 +321,7 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     }
     std::vector<std::uint8_t> blob;
     try {
-      blob = into_stream(codec_->layout(), r.blob, place(slot));
+      blob = into_stream(codec_->layout(), std::move(r.blob), place(slot));
     } catch (const Error&) {
       blob.clear();
     }
@@ -298,33 +336,24 @@ class KvfuseBackend final : public server_prompt_cache_backend {
       read = 0;
     if (read == 0) {
       // llama.cpp refused it: the slot's cells are gone; the prompt is computed from token 0.
-      ++restores_refused_;
+      ++counters_.restores_refused;
       engine_->refused(slot);
       llama_memory_seq_rm(mem, id_slot, -1, -1);
       s.clean = 0;
       return 0;
     }
     s.restored = r.boundary;
+    s.state_at = r.boundary;
     s.clean = r.boundary;
-    reused_kvfuse_ += r.boundary;
+    if (served) counters_.reused_kvfuse += r.boundary;
     return static_cast<int32_t>(r.boundary);
   }
 
-  int32_t next_stop(int32_t id_slot, int32_t n_cur) override {
-    if (!engine_ || id_slot < 0 || static_cast<std::size_t>(id_slot) >= slots_.size()) return -1;
-    const SlotProgress& s = slots_[static_cast<std::size_t>(id_slot)];
-    if (!s.open || !s.grid) return -1;
-    for (const TokenCount b : engine_->stops(static_cast<std::uint32_t>(id_slot)))
-      if (b > static_cast<TokenCount>(n_cur) && b + s.tail < s.prompt) return static_cast<int32_t>(b);
-    return -1;
-  }
-
-  void computed(int32_t id_slot, const std::vector<llama_token>& tokens, int32_t n) override {
-    if (!engine_ || id_slot < 0 || static_cast<std::size_t>(id_slot) >= slots_.size() || n < 0) return;
-    const auto slot = static_cast<std::uint32_t>(id_slot);
+  // The slot's sequence holds the cells of tokens[0, at) as its prefill computed them.
+  // Tracks where they are clean and takes the state checkpoints the admission planned.
+  // Returns whether the prompt is done.
+  bool advance(std::uint32_t slot, const std::vector<llama_token>& tokens, TokenCount at) {
     SlotProgress& s = slots_[slot];
-    if (!s.open) return;
-    const auto at = static_cast<TokenCount>(n);
     if (!s.start) {
       // The first batch of this prompt starts here: on the grid from clean cells, or not.
       s.start = at;
@@ -332,179 +361,41 @@ class KvfuseBackend final : public server_prompt_cache_backend {
       s.clean = std::min(s.clean, at);
     }
     if (s.grid) s.clean = std::max(s.clean, at);
-    if (at < s.prompt) {
-      if (family_ != BlobFamily::attention && s.grid && at > *s.start) {
-        const std::vector<TokenCount> stops = engine_->stops(slot);
-        if (std::find(stops.begin(), stops.end(), at) != stops.end()) {
-          std::vector<std::uint8_t> partial = take_blob(id_slot, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-          try {
-            engine_->checkpoint(slot, tokens, at, one_stream(codec_->layout(), partial, place(slot), true));
-          } catch (const Error&) {
-            ++blob_refusals_;
-          }
+    if (at >= s.prompt) return true;
+    if (family_ != BlobFamily::attention && s.grid && at > *s.start) {
+      const std::vector<TokenCount> stops = engine_->stops(slot);
+      if (std::find(stops.begin(), stops.end(), at) != stops.end()) {
+        std::vector<std::uint8_t> partial = sequence_blob(ctx_, static_cast<int32_t>(slot), LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+        try {
+          engine_->checkpoint(slot, tokens, at, one_stream(codec_->layout(), partial, place(slot), true));
+          s.state_at = at;
+        } catch (const Error&) {
+          ++counters_.blob_refusals;
         }
       }
-      return;
     }
-    // The prompt is done: save what is clean, in whole chunks, beyond what kvfuse restored.
+    return false;
+  }
+
+  // The prompt is done: save what is clean, in whole chunks, beyond what kvfuse restored.
+  void end_prompt(std::uint32_t slot, const std::vector<llama_token>& tokens) {
+    SlotProgress& s = slots_[slot];
     s.open = false;
     const TokenCount clean = std::min(s.clean, s.prompt);
     if (TokenGrid{chunk_}.floor(clean) > s.restored) {
       try {
-        const std::vector<std::uint8_t> full = one_stream(codec_->layout(), take_blob(id_slot, 0), place(slot));
+        const std::vector<std::uint8_t> full = one_stream(codec_->layout(), sequence_blob(ctx_, static_cast<int32_t>(slot), 0), place(slot));
         engine_->finish(slot, tokens, clean, full);
         return;
       } catch (const Error&) {
-        ++blob_refusals_;
+        ++counters_.blob_refusals;
       }
     }
     engine_->finish(slot, tokens, 0, {});
   }
 
-  int32_t n_loaded(int32_t id_slot) const override {
-    if (id_slot < 0 || static_cast<std::size_t>(id_slot) >= slots_.size()) return 0;
-    return static_cast<int32_t>(slots_[static_cast<std::size_t>(id_slot)].restored);
-  }
-
-  std::string metrics() override {
-    std::ostringstream m;
-    auto metric = [&](const char* name, const char* type, const char* help) {
-      m << "# HELP kvfuse:" << name << " " << help << "\n# TYPE kvfuse:" << name << " " << type << "\n";
-    };
-    metric("prompt_tokens_total", "counter", "Prompt tokens of the completions kvfuse was asked about");
-    m << "kvfuse:prompt_tokens_total " << prompt_tokens_ << "\n";
-    metric("reused_tokens_total", "counter", "Prompt tokens not computed, by where their cells came from");
-    m << "kvfuse:reused_tokens_total{source=\"slot\"} " << reused_slot_ << "\n";
-    m << "kvfuse:reused_tokens_total{source=\"kvfuse\"} " << reused_kvfuse_ << "\n";
-    metric("loads_total", "counter", "Loads from the tiers, by kind");
-    static constexpr const char* kinds[] = {"none", "kv-only", "joint", "state-only"};
-    for (std::size_t k = 1; k < 4; ++k) m << "kvfuse:loads_total{kind=\"" << kinds[k] << "\"} " << loads_[k] << "\n";
-    metric("load_outcomes_total", "counter", "How loads ended");
-    m << "kvfuse:load_outcomes_total{outcome=\"completed\"} " << loads_completed_ << "\n";
-    m << "kvfuse:load_outcomes_total{outcome=\"failed\"} " << loads_failed_ << "\n";
-    metric("restores_refused_total", "counter", "Restored sequences llama.cpp refused: recomputed from token 0");
-    m << "kvfuse:restores_refused_total " << restores_refused_ << "\n";
-    metric("blob_refusals_total", "counter", "Slot blobs kvfuse could not read or cut (cells out of order, a state that does not fit): not saved");
-    m << "kvfuse:blob_refusals_total " << blob_refusals_ + (engine_ ? engine_->counters().codec_refusals : 0) << "\n";
-    if (!control_.empty()) {
-      metric("control_tampered_total", "counter", "Tier entries the test control tampered with");
-      m << "kvfuse:control_tampered_total " << tampered_ << "\n";
-    }
-    if (engine_) {
-      const CoordinatorStats c = engine_->coordinator_stats();
-      const IndexStats i = engine_->index_stats();
-      const SlotCacheCounters k = engine_->counters();
-      metric("checkpoints_total", "counter", "State checkpoints, by event");
-      m << "kvfuse:checkpoints_total{event=\"planned\"} " << c.checkpoints_planned << "\n";
-      m << "kvfuse:checkpoints_total{event=\"saved\"} " << c.checkpoints_saved << "\n";
-      m << "kvfuse:checkpoints_total{event=\"deduplicated\"} " << c.checkpoints_deduplicated << "\n";
-      metric("saves_total", "counter", "Saves to the tiers, by result");
-      m << "kvfuse:saves_total{result=\"stored\"} " << i.saves_stored << "\n";
-      m << "kvfuse:saves_total{result=\"failed\"} " << i.saves_failed << "\n";
-      metric("saved_tokens_total", "counter", "Prompt tokens whose KV was saved");
-      m << "kvfuse:saved_tokens_total " << k.kv_rows_saved << "\n";
-      const HostAudit a = engine_->audit();
-      metric("must_be_zero", "gauge", "The numbers that must be zero between requests");
-      m << "kvfuse:must_be_zero{what=\"invariant_violations\"} " << a.invariant_violations << "\n";
-      m << "kvfuse:must_be_zero{what=\"stranded_parked\"} " << a.stranded_parked + k.stranded << "\n";
-      m << "kvfuse:must_be_zero{what=\"leaked_blocks\"} " << a.leaked_blocks << "\n";
-      m << "kvfuse:must_be_zero{what=\"leaked_slots\"} " << a.leaked_slots << "\n";
-      m << "kvfuse:must_be_zero{what=\"held_admissions\"} " << a.held_admissions << "\n";
-    }
-    const TierStackStats t = tiers_->stats();
-    metric("tier_gets_total", "counter", "Tier gets, by tier and result");
-    m << "kvfuse:tier_gets_total{tier=\"memory\",result=\"hit\"} " << t.memory.hits << "\n";
-    m << "kvfuse:tier_gets_total{tier=\"memory\",result=\"miss\"} " << t.memory.misses << "\n";
-    if (t.has_redis) {
-      m << "kvfuse:tier_gets_total{tier=\"redis\",result=\"hit\"} " << t.redis_hits << "\n";
-      m << "kvfuse:tier_gets_total{tier=\"redis\",result=\"miss\"} " << t.redis_misses << "\n";
-      m << "kvfuse:tier_gets_total{tier=\"redis\",result=\"failed\"} " << t.redis_failures + t.redis_timeouts << "\n";
-    }
-    metric("tier_bytes", "gauge", "Bytes held, by tier");
-    m << "kvfuse:tier_bytes{tier=\"memory\"} " << t.memory.bytes << "\n";
-    if (t.has_disk) m << "kvfuse:tier_bytes{tier=\"disk\"} " << t.disk_bytes << "\n";
-    metric("tier_evictions_total", "counter", "Entries the memory tier dropped to make room");
-    m << "kvfuse:tier_evictions_total " << t.memory.evictions << "\n";
-    return m.str();
-  }
-
- private:
   StreamPlace place(std::uint32_t slot) const noexcept {
     return unified_ ? StreamPlace{1, 0} : StreamPlace{static_cast<std::uint32_t>(slots_.size()), slot};
-  }
-
-  std::vector<std::uint8_t> take_blob(int32_t seq, llama_state_seq_flags flags) const {
-    std::vector<std::uint8_t> blob(llama_state_seq_get_size_ext(ctx_, seq, flags));
-    blob.resize(llama_state_seq_get_data_ext(ctx_, blob.data(), blob.size(), seq, flags));
-    return blob;
-  }
-
-  // Learns the blob layout in a small context of the server's own settings holding one
-  // sequence (the codec's grammar), and checks that the codec rebuilds llama.cpp's blob.
-  void learn(const common_params& params, const llama_model* model) {
-    llama_context_params cp = common_context_params_to_llama(params);
-    cp.n_ctx = chunk_ + 256;
-    cp.n_seq_max = 1;
-    cp.n_batch = cp.n_ubatch = ubatch_;
-    cp.kv_unified = true;
-    llama_context* c = llama_init_from_model(const_cast<llama_model*>(model), cp);
-    if (c == nullptr) throw Error(ErrorCode::io_failure, "llama.cpp could not make a context to learn the blob layout");
-    struct Free {
-      llama_context* c;
-      ~Free() { llama_free(c); }
-    } free_it{c};
-    const std::int32_t vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-    llama_batch batch = llama_batch_init(static_cast<std::int32_t>(ubatch_), 0, 1);
-    for (TokenCount done = 0; done < chunk_;) {
-      const TokenCount take = std::min<TokenCount>(ubatch_, chunk_ - done);
-      batch.n_tokens = static_cast<std::int32_t>(take);
-      for (TokenCount k = 0; k < take; ++k) {
-        batch.token[k] = static_cast<llama_token>(3 + ((done + k) * 37) % static_cast<TokenCount>(vocab - 3));
-        batch.pos[k] = static_cast<llama_pos>(done + k);
-        batch.n_seq_id[k] = 1;
-        batch.seq_id[k][0] = 0;
-        batch.logits[k] = 0;
-      }
-      if (llama_decode(c, batch) != 0) {
-        llama_batch_free(batch);
-        throw Error(ErrorCode::io_failure, "llama_decode failed while learning the blob layout");
-      }
-      done += take;
-    }
-    llama_batch_free(batch);
-    auto blob_of = [&](llama_state_seq_flags flags) {
-      std::vector<std::uint8_t> b(llama_state_seq_get_size_ext(c, 0, flags));
-      b.resize(llama_state_seq_get_data_ext(c, b.data(), b.size(), 0, flags));
-      return b;
-    };
-    const std::vector<std::uint8_t> full = blob_of(0), partial = blob_of(LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-    codec_ = std::make_unique<llama::SequenceCodec>(llama::learn_layout(family_, full, partial), chunk_);
-    std::vector<std::byte> pool(codec_->block_bytes());
-    const BlockId b0{0};
-    codec_->store_kv(full, 0, chunk_, pool.data(), std::span(&b0, 1));
-    std::vector<std::byte> slot(codec_->slot_bytes());
-    if (!slot.empty()) codec_->store_state(partial, slot);
-    std::vector<std::uint8_t> rebuilt;
-    codec_->rebuild(chunk_, pool.data(), std::span(&b0, 1), slot, rebuilt);
-    if (rebuilt != full)
-      throw Error(ErrorCode::corrupt_data, "the rebuilt blob of " + std::to_string(rebuilt.size()) +
-                                               " bytes differs from llama.cpp's of " + std::to_string(full.size()));
-  }
-
-  // Everything besides the tokens that decides a saved byte: servers that share a tier share
-  // an entry only when they would have computed the same bytes.
-  std::uint64_t model_id(const common_params& params, const llama_model* model) const {
-    char desc[256] = {};
-    (void)llama_model_desc(model, desc, sizeof desc);
-    std::uint64_t h = 0x6b7666757365ULL;
-    for (const char ch : std::string(desc)) h = mix_in(h, static_cast<unsigned char>(ch));
-    for (const std::uint64_t v :
-         {std::uint64_t(llama_model_n_params(model)), std::uint64_t(llama_model_size(model)),
-          std::uint64_t(llama_vocab_n_tokens(llama_model_get_vocab(model))), std::uint64_t(chunk_), std::uint64_t(ubatch_),
-          std::uint64_t(params.cache_type_k), std::uint64_t(params.cache_type_v), std::uint64_t(params.swa_full),
-          std::uint64_t(static_cast<std::int64_t>(params.flash_attn_type)), std::uint64_t(params.cpuparams_batch.n_threads)})
-      h = mix_in(h, v);
-    return h;
   }
 
   BackendFlags flags_;
@@ -515,17 +406,15 @@ class KvfuseBackend final : public server_prompt_cache_backend {
   std::unique_ptr<TierStack> tiers_;
   BlobFamily family_ = BlobFamily::attention;
   std::uint32_t chunk_ = 256, ubatch_ = 512;
+  TokenCount state_period_ = 0, state_phase_ = 0;  // SlotCacheOptions' (deepseek4's boundaries)
   llama_context* ctx_ = nullptr;
   bool unified_ = true;
   std::unique_ptr<llama::SequenceCodec> codec_;
-  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<CacheEngine> engine_;
   std::vector<SlotProgress> slots_;
   std::size_t reseeded_ = 0;
   std::string control_;
-  std::uint64_t tampered_ = 0;
-  std::uint64_t prompt_tokens_ = 0, reused_slot_ = 0, reused_kvfuse_ = 0;
-  std::uint64_t loads_[4] = {};
-  std::uint64_t loads_completed_ = 0, loads_failed_ = 0, restores_refused_ = 0, blob_refusals_ = 0;
+  BackendCounters counters_;
 };
 
 std::unique_ptr<KvfuseBackend>& the_backend() {

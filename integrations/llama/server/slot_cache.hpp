@@ -47,46 +47,15 @@
 #include <kvfuse/kvfuse.hpp>
 #include <kvfuse/llama/blob_codec.hpp>
 #include <kvfuse/llama/detail/in_process.hpp>
+#include <kvfuse/llama/detail/in_process_engine.hpp>
 #include <kvfuse/llama/detail/server_setup.hpp>
 #include <kvfuse/llama/prefix_hashes.hpp>
 #include <kvfuse/llama/serving.hpp>
 
+#include "slot_cache_options.hpp"
+
 namespace kvfuse::llama_server {
 
-using llama::LoadKind;
-
-/// How a SlotCache is built. Plain data; the constructor checks it.
-struct SlotCacheOptions {
-  std::uint64_t model_id = 0;          ///< in every tier key: names what decides a saved byte
-  std::uint32_t chunk_tokens = 256;    ///< tokens per tier chunk, and per block (the boundary grid)
-  std::uint32_t slots = 1;             ///< llama-server's slots (--parallel)
-  TokenCount max_prompt_tokens = 4096; ///< the longest prompt a slot holds (its context)
-  std::uint32_t snapshot_slots = 4;    ///< slots for mid-prefill checkpoints while the ranks save them
-  CheckpointPolicy checkpoints{};      ///< where stateful prompts take state checkpoints
-  /// A stateful prompt may resume only at boundaries b with b % state_period == state_phase
-  /// (0 and 0: every block boundary). See kvfuse_backend.cpp for deepseek4's.
-  TokenCount state_period = 0, state_phase = 0;
-  std::chrono::milliseconds rank_timeout{10000};  ///< how long a load or a save may take before it is given up
-};
-
-/// What begin() found for a slot's prompt.
-struct Restore {
-  TokenCount boundary = 0;            ///< tokens the load brought back (0: none)
-  LoadKind load = LoadKind::none;     ///< the load the admission parked on
-  std::optional<Resolution> outcome;  ///< how it ended
-  bool stranded = false;              ///< the rank did not answer in time
-  std::vector<std::uint8_t> blob;     ///< the FULL one-stream blob at `boundary` (empty when 0)
-};
-
-/// Counters of a SlotCache, for /metrics. Plain data.
-struct SlotCacheCounters {
-  std::uint64_t tasks = 0;               ///< begin() calls
-  std::uint64_t restores = 0;            ///< begin()s that brought tokens back
-  std::uint64_t restored_tokens = 0;     ///< tokens those loads brought back
-  std::uint64_t stranded = 0;            ///< loads or saves given up after rank_timeout
-  std::uint64_t kv_rows_saved = 0;       ///< tokens whose KV finish() wrote to blocks for the saves
-  std::uint64_t codec_refusals = 0;      ///< blobs the codec refused (cells out of order, a torn blob): nothing saved
-};
 
 /// The prompt cache of one llama-server: `T` the tier, `StateLeg` the model's state leg (NoState,
 /// RecurrentState<T>, SlotState<T>). One thread.
@@ -102,27 +71,16 @@ class SlotCache {
   SlotCache(const llama::SequenceCodec& codec, T& tier, SlotCacheOptions options)
       : codec_(codec),
         tier_(tier),
-        options_(checked(codec, options)),
-        geometry_(geometry_for(codec, options_)),
-        pools_(runtime_, geometry_),
-        group_(SingleRankOptions{Conn::lane_count, 4096, {}}),
-        index_(OffloadIndexOptions{.hash_capacity = std::size_t{1} << 16, .slot_count = geometry_.num_slots}),
-        pump_(group_, index_),
-        transport_{&connector_},
-        lookup_{&tier_, &geometry_},
-        coordinator_(CoordinatorOptions{.layout = layout,
-                                        .grids = PlanGrids{geometry_.block_tokens, geometry_.chunk_tokens},
-                                        .expected_requests = 64,
-                                        .checkpoints = options_.checkpoints},
-                     index_, pump_, transport_, lookup_),
-        connector_(geometry_, runtime_, DeviceMemory{pools_.blocks, pools_.slots}, PagedKv<T>(tier),
-                   make_state_leg(tier), group_),
-        blocks_(geometry_.num_blocks),
-        request_slots_(stateful ? options_.slots : 0, 0),
-        snapshots_(stateful ? options_.snapshot_slots : 0, stateful ? options_.slots : 0),
-        compute_(runtime_.make_stream(HostStreamMode::inline_calls)),
+        options_(checked_options(codec, options)),
+        // The lanes' copies run on the lanes themselves: a stream thread per lane would add
+        // a hand-off (two futex wake-ups) to every chunk of a load (bench_restore_cost.cpp).
+        e_(tier, geometry_for(codec, options_, stateful),
+           kvfuse::llama::detail::InProcessEngineOptions{
+               .checkpoints = options_.checkpoints,
+               .request_slots = options_.slots,
+               .rank_timeout = options_.rank_timeout,
+               .runtime = HostRuntimeOptions{.default_mode = HostStreamMode::inline_calls}}),
         tasks_(options_.slots) {}
-  ~SlotCache() { connector_.drain(); }
   SlotCache(const SlotCache&) = delete;
   SlotCache& operator=(const SlotCache&) = delete;
 
@@ -132,7 +90,7 @@ class SlotCache {
   std::size_t reseed_from_tier() {
     if constexpr (!stateful) return 0;
     const std::vector<std::vector<TierKey>> keys{tier_.keys(EntryKind::state)};
-    return reseed_state_hashes(index_, keys, geometry_.model, geometry_.world_size);
+    return reseed_state_hashes(e_.index, keys, e_.geometry.model, e_.geometry.world_size);
   }
 
   /// Slot `slot` starts a prompt; a restore may reach at most `limit` tokens (below the
@@ -145,21 +103,21 @@ class SlotCache {
     if (t.open) finish(slot, prompt, 0);
     ++counters_.tasks;
     Restore out;
-    const std::uint32_t block = geometry_.block_tokens;
+    const std::uint32_t block = e_.geometry.block_tokens;
     const TokenCount P = std::min<TokenCount>(prompt.size(), std::max<TokenCount>(limit + 1, 1));
     const llama::PrefixHashes hashes(prompt.first(P), block);
     t.id = RequestId{next_request_++};
     t.table.clear();
-    if (!blocks_.allocate(TokenGrid{block}.cells_covering(prompt.size()), t.table)) {
-      for (const BlockId b : t.table) blocks_.release(b);
+    if (!e_.blocks.allocate(TokenGrid{block}.cells_covering(prompt.size()), t.table)) {
+      for (const BlockId b : t.table) e_.blocks.release(b);
       t.table.clear();
       return out;  // cannot happen with the pool sized for every slot's context; served without kvfuse
     }
     t.slot.reset();
     if constexpr (stateful) {
-      t.slot = request_slots_.take();
+      t.slot = e_.request_slots.take();
       if (!t.slot) {
-        for (const BlockId b : t.table) blocks_.release(b);
+        for (const BlockId b : t.table) e_.blocks.release(b);
         t.table.clear();
         return out;
       }
@@ -171,11 +129,11 @@ class SlotCache {
       for (TokenCount b = block; b + 1 <= P; b += block)
         if (options_.state_period == 0 || b % options_.state_period == options_.state_phase)
           candidates.push_back(Checkpoint{b, hashes.state_hash(b)});
-    const AdmitDecision d = coordinator_.admit(AdmitRequest{t.id, P, 0, keys, t.table, candidates, t.slot});
-    Entry* entry = book_.open(t.id, d, t.table, t.slot);
+    const AdmitDecision d = e_.coordinator.admit(AdmitRequest{t.id, P, 0, keys, t.table, candidates, t.slot});
+    Entry* entry = e_.book.open(t.id, d, t.table, t.slot);
     if (entry == nullptr) {  // the coordinator says it is parked already: a protocol error, counted by the book
-      for (const BlockId b : t.table) blocks_.release(b);
-      if (t.slot) (void)request_slots_.give(*t.slot);
+      for (const BlockId b : t.table) e_.blocks.release(b);
+      if (t.slot) (void)e_.request_slots.give(*t.slot);
       t.table.clear();
       return out;
     }
@@ -195,12 +153,12 @@ class SlotCache {
     t.loaded = 0;
     if (d.parked) {
       out.load = llama::load_kind_of(d.plan);
-      const std::optional<Unpark> u = wait_for_unpark(t.id);
+      const std::optional<Unpark> u = e_.wait_for_unpark(t.id);
       if (!u) {
         out.stranded = true;
         ++counters_.stranded;
-        coordinator_.teardown(t.id);
-        (void)book_.end(t.id);
+        e_.coordinator.teardown(t.id);
+        (void)e_.book.end(t.id);
         t.open = false;
         return out;
       }
@@ -209,7 +167,7 @@ class SlotCache {
     }
     if (t.loaded > 0) {
       try {
-        codec_.rebuild(t.loaded, pools_.blocks, std::span(t.table).first(t.loaded / block), slot_bytes(t.slot), out.blob);
+        codec_.rebuild(t.loaded, e_.pools.blocks, std::span(t.table).first(t.loaded / block), slot_bytes(t.slot), out.blob);
         out.boundary = t.loaded;
         ++counters_.restores;
         counters_.restored_tokens += t.loaded;
@@ -225,9 +183,9 @@ class SlotCache {
   /// (a catalogue lookup per chunk: no bytes move). Lets a caller skip a load that could
   /// not beat what the slot holds.
   [[nodiscard]] TokenCount held_tokens(std::span<const llama_token> prompt, TokenCount limit) const {
-    const std::uint32_t chunk = geometry_.chunk_tokens;
+    const std::uint32_t chunk = e_.geometry.chunk_tokens;
     const TokenCount P = std::min<TokenCount>(prompt.size(), limit);
-    const llama::PrefixHashes hashes(prompt.first(P), geometry_.block_tokens);
+    const llama::PrefixHashes hashes(prompt.first(P), e_.geometry.block_tokens);
     TokenCount held = 0;
     while (held + chunk <= P && tier_.contains(tier_key(hashes.chunk_key(held + chunk), EntryKind::kv_chunk))) held += chunk;
     return held;
@@ -238,7 +196,7 @@ class SlotCache {
   /// computes its own, and the blocks are not trusted for finish().
   void refused(std::uint32_t slot) {
     Task& t = task(slot);
-    if (t.state_hash) (void)index_.forget(*t.state_hash);
+    if (t.state_hash) (void)e_.index.forget(*t.state_hash);
     t.loaded = 0;
     t.untrusted = true;
   }
@@ -255,8 +213,8 @@ class SlotCache {
     if constexpr (!stateful) return;
     Task& t = task(slot);
     if (!t.open) return;
-    if (snapshots_.empty()) (void)pump_until([&] { return !snapshots_.empty(); });
-    const std::optional<SlotId> snapshot = snapshots_.take();
+    if (e_.snapshots.empty()) (void)e_.pump_until([&] { return !e_.snapshots.empty(); });
+    const std::optional<SlotId> snapshot = e_.snapshots.take();
     if (!snapshot) {
       ++counters_.stranded;
       return;
@@ -265,13 +223,13 @@ class SlotCache {
       codec_.store_state(partial, slot_span(*snapshot));
     } catch (const Error&) {
       ++counters_.codec_refusals;
-      (void)snapshots_.give(*snapshot);
+      (void)e_.snapshots.give(*snapshot);
       return;
     }
-    connector_.begin_step(compute_);
-    const llama::PrefixHashes hashes(prompt.first(boundary), geometry_.block_tokens);
-    const CheckpointResult r = coordinator_.checkpoint(Checkpoint{boundary, hashes.state_hash(boundary)}, *snapshot);
-    if (r != CheckpointResult::saved) (void)snapshots_.give(*snapshot);
+    e_.connector.begin_step(e_.compute);
+    const llama::PrefixHashes hashes(prompt.first(boundary), e_.geometry.block_tokens);
+    const CheckpointResult r = e_.coordinator.checkpoint(Checkpoint{boundary, hashes.state_hash(boundary)}, *snapshot);
+    if (r != CheckpointResult::saved) (void)e_.snapshots.give(*snapshot);
     else if (saved_states_.size() < 64) saved_states_.push_back(hashes.state_hash(boundary));
   }
 
@@ -286,13 +244,13 @@ class SlotCache {
     Task& t = task(slot);
     if (!t.open) return;
     t.open = false;
-    const std::uint32_t block = geometry_.block_tokens;
+    const std::uint32_t block = e_.geometry.block_tokens;
     TokenCount floor = TokenGrid{block}.floor(std::min<TokenCount>(clean, prompt.size()));
     const TokenCount own = t.untrusted ? 0 : t.loaded;
     if (t.untrusted && floor > 0) floor = 0;  // blocks [0, loaded) hold what llama.cpp refused
     if (floor > own && !full.empty()) {
       try {
-        codec_.store_kv(full, own, floor, pools_.blocks, std::span(t.table).subspan(own / block));
+        codec_.store_kv(full, own, floor, e_.pools.blocks, std::span(t.table).subspan(own / block));
         counters_.kv_rows_saved += floor - own;
       } catch (const Error&) {
         ++counters_.codec_refusals;
@@ -301,12 +259,12 @@ class SlotCache {
     } else if (floor > own) {
       floor = own;
     }
-    connector_.begin_step(compute_);  // the saves read what the lines above wrote (R13)
+    e_.connector.begin_step(e_.compute);  // the saves read what the lines above wrote (R13)
     const llama::PrefixHashes hashes(prompt.first(floor), block);
     std::vector<PrefixHash> keys;
     for (TokenCount end = block; end <= floor; end += block) keys.push_back(hashes.chunk_key(end));
-    (void)coordinator_.finish(FinishRequest{t.id, floor, keys, t.table, std::nullopt, t.slot});
-    (void)book_.end(t.id);
+    (void)e_.coordinator.finish(FinishRequest{t.id, floor, keys, t.table, std::nullopt, t.slot});
+    (void)e_.book.end(t.id);
     t.untrusted = false;
     if (!settle()) ++counters_.stranded;
   }
@@ -315,9 +273,9 @@ class SlotCache {
   /// KV chunk of `prompt` the tier holds, rewriting the entry so its checksum still holds.
   /// Returns whether it found one.
   bool tamper_kv(std::span<const llama_token> prompt) {
-    const llama::PrefixHashes hashes(prompt, geometry_.block_tokens);
-    for (TokenCount end = geometry_.chunk_tokens; end <= prompt.size(); end += geometry_.chunk_tokens)
-      if (rewrite(tier_key(hashes.chunk_key(end), EntryKind::kv_chunk), geometry_.chunk_bytes(), [](std::vector<std::byte>& b) {
+    const llama::PrefixHashes hashes(prompt, e_.geometry.block_tokens);
+    for (TokenCount end = e_.geometry.chunk_tokens; end <= prompt.size(); end += e_.geometry.chunk_tokens)
+      if (rewrite(tier_key(hashes.chunk_key(end), EntryKind::kv_chunk), e_.geometry.chunk_bytes(), [](std::vector<std::byte>& b) {
             b[b.size() / 2] ^= std::byte{0x40};
           }))
         return true;
@@ -330,9 +288,9 @@ class SlotCache {
   bool tamper_state(std::span<const llama_token> prompt) {
     if constexpr (!stateful) return false;
     else {
-      const llama::PrefixHashes hashes(prompt, geometry_.block_tokens);
-      const std::size_t bytes = StateLeg::entry_bytes(geometry_);
-      for (TokenCount b = TokenGrid{geometry_.block_tokens}.floor(prompt.size() - 1); b > 0; b -= geometry_.block_tokens) {
+      const llama::PrefixHashes hashes(prompt, e_.geometry.block_tokens);
+      const std::size_t bytes = StateLeg::entry_bytes(e_.geometry);
+      for (TokenCount b = TokenGrid{e_.geometry.block_tokens}.floor(prompt.size() - 1); b > 0; b -= e_.geometry.block_tokens) {
         const TierKey target = tier_key(hashes.state_hash(b), EntryKind::state);
         if (!tier_.contains(target)) continue;
         for (const PrefixHash other : saved_states_) {
@@ -354,26 +312,23 @@ class SlotCache {
   /// The cache's own counters (O(1)).
   [[nodiscard]] SlotCacheCounters counters() const noexcept { return counters_; }
   /// The index's, coordinator's and connector's counters, read now (O(1)).
-  [[nodiscard]] IndexStats index_stats() const { return index_.stats(); }
-  [[nodiscard]] CoordinatorStats coordinator_stats() const { return coordinator_.stats(); }
-  [[nodiscard]] ConnectorStats connector_stats() const { return connector_.stats(); }
+  [[nodiscard]] IndexStats index_stats() const { return e_.index.stats(); }
+  [[nodiscard]] CoordinatorStats coordinator_stats() const { return e_.coordinator.stats(); }
+  [[nodiscard]] ConnectorStats connector_stats() const { return e_.connector.stats(); }
   /// The numbers that must be zero (the host kit's audit); walks the index: not per request.
   [[nodiscard]] HostAudit audit() const {
-    return audit_host(index_, coordinator_.stats(), book_, blocks_, request_slots_, snapshots_);
+    return e_.audit();
   }
   /// The rank's geometry (grids, pools, the model id in every tier key).
-  [[nodiscard]] const RankGeometry& geometry() const noexcept { return geometry_; }
+  [[nodiscard]] const RankGeometry& geometry() const noexcept { return e_.geometry; }
   /// The tier key of a KV chunk or state entry of this cache's model.
   [[nodiscard]] TierKey tier_key(PrefixHash hash, EntryKind kind) const noexcept {
-    return kvfuse::llama::detail::tier_key_of(geometry_, hash, kind);
+    return kvfuse::llama::detail::tier_key_of(e_.geometry, hash, kind);
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
-  using Transport = kvfuse::llama::detail::InProcessTransport<Conn>;
-  using Lookup = kvfuse::llama::detail::LeadingChunks<T>;
-  using Book = AdmissionBook<>;
-  using Entry = typename Book::Entry;
+  using Engine = kvfuse::llama::detail::InProcessEngine<T, StateLeg>;
+  using Entry = typename Engine::Entry;
 
   struct Task {
     bool open = false;
@@ -386,7 +341,6 @@ class SlotCache {
     TokenCount loaded = 0;
   };
 
-
   template <class Change>
   bool rewrite(const TierKey& key, std::size_t bytes, Change change) {
     std::vector<std::byte> staging(bytes);
@@ -398,37 +352,6 @@ class SlotCache {
     return tier_.put(key, copy);
   }
 
-  static SlotCacheOptions checked(const llama::SequenceCodec& codec, SlotCacheOptions o) {
-    if (o.chunk_tokens == 0 || o.chunk_tokens % codec.layout().granule_tokens != 0)
-      throw Error(ErrorCode::invalid_argument, "--kvfuse-chunk-tokens " + std::to_string(o.chunk_tokens) +
-                                                   ": must be a multiple of the model's granule of " +
-                                                   std::to_string(codec.layout().granule_tokens) + " tokens");
-    if (o.slots == 0) throw Error(ErrorCode::invalid_argument, "a SlotCache needs at least one slot, got 0");
-    if (o.max_prompt_tokens == 0) throw Error(ErrorCode::invalid_argument, "max_prompt_tokens must be > 0, got 0");
-    return o;
-  }
-
-  static RankGeometry geometry_for(const llama::SequenceCodec& codec, const SlotCacheOptions& o) {
-    RankGeometry g;
-    g.model = o.model_id;
-    g.rank = 0;
-    g.world_size = 1;
-    g.block_tokens = codec.block_tokens();
-    g.chunk_tokens = o.chunk_tokens;
-    g.kv_bytes_per_token = codec.kv_bytes_per_token();
-    const auto per_slot = static_cast<std::uint32_t>(TokenGrid{g.block_tokens}.cells_covering(o.max_prompt_tokens) + 1);
-    g.num_blocks = per_slot * o.slots;
-    g.num_slots = stateful ? o.slots + o.snapshot_slots : 0;
-    g.slot_bytes = stateful ? codec.slot_bytes() : 0;
-    g.max_chunks_per_load = static_cast<std::uint32_t>(TokenGrid{o.chunk_tokens}.cells_covering(o.max_prompt_tokens) + 1);
-    return g;
-  }
-
-  static StateLeg make_state_leg(T& tier) {
-    if constexpr (stateful) return StateLeg(tier);
-    else return StateLeg{};
-  }
-
   Task& task(std::uint32_t slot) {
     if (slot >= tasks_.size())
       throw Error(ErrorCode::invalid_argument, "slot " + std::to_string(slot) + " of " + std::to_string(tasks_.size()));
@@ -436,72 +359,28 @@ class SlotCache {
   }
 
   std::span<std::byte> slot_span(SlotId s) const noexcept {
-    return {pools_.slots + std::size_t{s.value} * geometry_.slot_bytes, geometry_.slot_bytes};
+    return {e_.pools.slots + std::size_t{s.value} * e_.geometry.slot_bytes, e_.geometry.slot_bytes};
   }
   std::span<const std::byte> slot_bytes(std::optional<SlotId> s) const noexcept {
     if (!s) return {};
     return slot_span(*s);
   }
 
-  std::optional<Unpark> wait_for_unpark(RequestId id) {
-    unpark_watch_ = id;
-    unparked_.reset();
-    (void)pump_until([&] { return unparked_.has_value(); });
-    const std::optional<Unpark> got = unparked_;
-    unparked_.reset();
-    unpark_watch_.reset();
-    return got;
-  }
-
   // Every ended admission was freed and every save stored (or rank_timeout passed); the
   // open admissions of other slots stay on the book.
   bool settle() {
-    return pump_until([&] {
-      const IndexStats st = index_.stats();
-      return st.saves_outstanding == 0 && book_.stats().ended_now == 0;
+    return e_.pump_until([&] {
+      const IndexStats st = e_.index.stats();
+      return st.saves_outstanding == 0 && e_.book.stats().ended_now == 0;
     });
-  }
-
-  template <class Done>
-  bool pump_until(Done done) {
-    const auto deadline = Clock::now() + options_.rank_timeout;
-    while (!done()) {
-      if (Clock::now() > deadline) return false;
-      if (!step_once()) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    return true;
-  }
-
-  bool step_once() {
-    const CoordinatorStep r = coordinator_.step();
-    (void)book_.apply(r, blocks_, request_slots_, snapshots_, [this](const Entry& e, const Unpark& u) {
-      if (unpark_watch_ && e.request == *unpark_watch_) unparked_ = u;
-    });
-    return r.records > 0 || !r.unparked.empty() || !r.freed.empty() || !r.snapshots.empty();
   }
 
   const llama::SequenceCodec& codec_;
   T& tier_;
   SlotCacheOptions options_;
-  HostRuntime runtime_;
-  RankGeometry geometry_;
-  llama::detail::DevicePools pools_;
-  SingleRank group_;
-  OffloadIndex<> index_;
-  SettlementPump<SingleRank, OffloadIndex<>> pump_;
-  Transport transport_;
-  Lookup lookup_;
-  Coordinator<SingleRank, Transport, Lookup> coordinator_;
-  Conn connector_;
-  PrefixBlockPool blocks_;
-  SlotPool request_slots_;  // one per llama-server slot
-  SlotPool snapshots_;      // after the request slots
-  Book book_;
-  HostRuntime::Stream compute_;
+  Engine e_;  // the Coordinator, the host kit and the rank
   std::vector<Task> tasks_;
   std::vector<PrefixHash> saved_states_;  // for tamper_state
-  std::optional<RequestId> unpark_watch_;
-  std::optional<Unpark> unparked_;
   std::uint64_t next_request_ = 1;
   SlotCacheCounters counters_;
 };

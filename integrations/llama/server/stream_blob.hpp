@@ -19,6 +19,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <kvfuse/error.hpp>
@@ -92,11 +93,12 @@ inline std::vector<std::uint8_t> one_stream(const llama::BlobLayout& layout, std
 }
 
 /// The blob llama_state_seq_set_data reads for a slot at `place`, from a one-stream blob the
-/// codec wrote. Throws Error(corrupt_data) for a blob that is not one-stream, or for a
-/// deepseek4 blob and several streams. Any thread.
-inline std::vector<std::uint8_t> into_stream(const llama::BlobLayout& layout, std::span<const std::uint8_t> one,
+/// codec wrote (taken: with one stream it is that blob, not a copy). Throws
+/// Error(corrupt_data) for a blob that is not one-stream, or for a deepseek4 blob and several
+/// streams. Any thread.
+inline std::vector<std::uint8_t> into_stream(const llama::BlobLayout& layout, std::vector<std::uint8_t>&& one,
                                              StreamPlace place) {
-  if (place.streams == 1) return {one.begin(), one.end()};
+  if (place.streams == 1) return std::move(one);
   if (layout.family == llama::BlobFamily::deepseek4)
     throw Error(ErrorCode::corrupt_data, "a deepseek4 blob cannot be placed in " + std::to_string(place.streams) + " streams");
   constexpr std::size_t header = 8;

@@ -153,14 +153,14 @@ def order(n_conv, turns):
     return [(0, t) for t in range(turns)] + [(c, t) for t in range(turns) for c in range(1, n_conv)]
 
 
-def play(server, convs, cache_prompt=True):
+def play(server, convs, cache_prompt=True, n_predict=12):
     """Runs the conversations (in `order`); returns, per request, (prompt, tokens, first-step
     probabilities, timings)."""
     history = [list(system) for system, _ in convs]
     out = []
     for c, t in order(len(convs), len(convs[0][1])):
         prompt = history[c] + convs[c][1][t]
-        r = server.complete(prompt, cache_prompt=cache_prompt)
+        r = server.complete(prompt, cache_prompt=cache_prompt, n_predict=n_predict)
         out.append((prompt, r["tokens"], first_step(r), r.get("timings", {})))
         history[c] = prompt + r["tokens"]
     return out
@@ -186,13 +186,15 @@ def case_bitwise(a, tmp, arch):
     extra = ["--swa-full"] if arch == "deepseek4" else []
     convs = conversations()
     stock = Server(a.stock, model, tmp, "stock", ["--cache-ram", "0"] + extra)
+    # Replies long enough to cross a chunk boundary, so the next turn can reuse them.
+    reply = 40
     try:
-        ref = play(stock, convs, cache_prompt=False)
+        ref = play(stock, convs, cache_prompt=False, n_predict=reply)
     finally:
         stock.stop()
     kv = start_kvfuse(a, tmp, model, "kvfuse", ["--kvfuse-memory", "64MiB"] + extra)
     try:
-        got = play(kv, convs)
+        got = play(kv, convs, n_predict=reply)
         m = kv.metrics()
         zeros(m)
         status, data = kv.get("/slots")
@@ -218,6 +220,22 @@ def case_bitwise(a, tmp, arch):
         raise AssertionError(f"response {i} differs:\n stock  {ref[i][1]} {ref[i][2][:200]}\n kvfuse {got[i][1]} {got[i][2][:200]}")
     if from_kvfuse == 0:
         raise AssertionError("kvfuse restored nothing: the check compared nothing it restored")
+    # A turn that reused cells past its conversation's previous prompt reused that prompt's
+    # reply, which a decode step computed: kvfuse recomputed it as a prefill (settle) first.
+    prev = {}
+    into_reply = 0
+    for (c, t), g in zip(order(len(convs), len(convs[0][1])), got):
+        if c in prev and g[3].get("cache_n", 0) > prev[c]:
+            into_reply += 1
+        prev[c] = len(g[0])
+    print(f"{arch}: {into_reply} turns reused their previous reply; settles {m.get('kvfuse:settles_total', 0):.0f}, "
+          f"{m.get('kvfuse:settled_tokens_total', 0):.0f} tokens recomputed after replies")
+    if m.get("kvfuse:settles_total", 0) == 0:
+        raise AssertionError("no reply was recomputed as a prefill after its response")
+    # deepseek4 resumes only at odd multiples of 128 (case_boundaries), too far apart for a
+    # 40-token reply to hold one below the next prompt's tail split.
+    if into_reply == 0 and arch != "deepseek4":
+        raise AssertionError("no turn reused its previous reply")
 
 
 def case_boundaries(a, tmp, arch):

@@ -40,6 +40,7 @@
 #include <kvfuse/host/slot_pool.hpp>
 #include <kvfuse/kvfuse.hpp>
 #include <kvfuse/llama/detail/in_process.hpp>
+#include <kvfuse/llama/detail/in_process_engine.hpp>
 #include <kvfuse/llama/detail/server_setup.hpp>
 #include <kvfuse/llama/prefix_hashes.hpp>
 #include <kvfuse/llama/sequence_runner.hpp>
@@ -67,25 +68,11 @@ class Server {
       : runner_(runner),
         tier_(tier),
         options_(detail::checked_options(runner, options, layout)),
-        geometry_(detail::geometry_for(runner, options_, stateful)),
-        pools_(runtime_, geometry_),
-        group_(SingleRankOptions{Conn::lane_count, 4096, {}}),
-        index_(OffloadIndexOptions{.hash_capacity = std::size_t{1} << 16, .slot_count = geometry_.num_slots}),
-        pump_(group_, index_),
-        transport_{&connector_, &load_hook_},
-        lookup_{&tier_, &geometry_},
-        coordinator_(CoordinatorOptions{.layout = layout,
-                                        .grids = PlanGrids{geometry_.block_tokens, geometry_.chunk_tokens},
-                                        .expected_requests = 64,
-                                        .checkpoints = options_.checkpoints},
-                     index_, pump_, transport_, lookup_),
-        connector_(geometry_, runtime_, DeviceMemory{pools_.blocks, pools_.slots}, PagedKv<T>(tier), make_state_leg(tier),
-                   group_),
-        blocks_(geometry_.num_blocks),
-        request_slots_(stateful ? 1 : 0, 0),
-        snapshots_(stateful ? geometry_.num_slots - 1 : 0, 1),
-        compute_(runtime_.make_stream(HostStreamMode::inline_calls)) {}
-  ~Server() { connector_.drain(); }
+        e_(tier, detail::geometry_for(runner, options_, stateful),
+           detail::InProcessEngineOptions{.checkpoints = options_.checkpoints,
+                                          .request_slots = 1,
+                                          .rank_timeout = options_.rank_timeout,
+                                          .on_load = &load_hook_}) {}
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
@@ -97,7 +84,7 @@ class Server {
   {
     if constexpr (!stateful) return 0;
     const std::vector<std::vector<TierKey>> keys{tier_.keys(EntryKind::state)};
-    return reseed_state_hashes(index_, keys, geometry_.model, geometry_.world_size);
+    return reseed_state_hashes(e_.index, keys, e_.geometry.model, e_.geometry.world_size);
   }
 
   /// Serves one request: `prompt` (at least one token), then `output_tokens` greedy tokens
@@ -112,9 +99,9 @@ class Server {
       throw Error(ErrorCode::invalid_argument, "a request needs a prompt, an output and at most " +
                                                    std::to_string(options_.max_request_tokens) + " tokens, got " +
                                                    std::to_string(P) + " + " + std::to_string(output_tokens));
-    const std::uint32_t block = geometry_.block_tokens, chunk = geometry_.chunk_tokens;
+    const std::uint32_t block = e_.geometry.block_tokens, chunk = e_.geometry.chunk_tokens;
     current_prompt_ = prompt;
-    const std::uint64_t checkpoints_before = coordinator_.stats().checkpoints_saved;
+    const std::uint64_t checkpoints_before = e_.coordinator.stats().checkpoints_saved;
     Served s;
     s.prompt_tokens = P;
 
@@ -125,19 +112,19 @@ class Server {
     for (std::size_t b = 0; b < identities.size(); ++b) identities[b] = prompt_hashes.block_identity((b + 1) * block);
     const RequestId id{next_request_++};
     std::vector<BlockId> table;
-    const std::size_t shared = blocks_.match(identities, (P - 1) / block, table);
+    const std::size_t shared = e_.blocks.match(identities, (P - 1) / block, table);
     const std::size_t needed = TokenGrid{block}.cells_covering(total);
-    if (!blocks_.allocate(needed - shared, table)) {
-      for (const BlockId b : table) blocks_.release(b);
-      throw Error(ErrorCode::invalid_argument, "the pool of " + std::to_string(geometry_.num_blocks) +
+    if (!e_.blocks.allocate(needed - shared, table)) {
+      for (const BlockId b : table) e_.blocks.release(b);
+      throw Error(ErrorCode::invalid_argument, "the pool of " + std::to_string(e_.geometry.num_blocks) +
                                                    " blocks cannot hold a request of " + std::to_string(total) + " tokens");
     }
     s.hbm = TokenCount{shared} * block;
     std::optional<SlotId> slot;
     if constexpr (stateful) {
-      slot = request_slots_.take();
+      slot = e_.request_slots.take();
       if (!slot) {  // the previous request's admission never came back (a stranded one)
-        for (const BlockId b : table) blocks_.release(b);
+        for (const BlockId b : table) e_.blocks.release(b);
         throw Error(ErrorCode::io_failure, "the request slot is still held by an earlier request whose ranks never answered");
       }
     }
@@ -149,20 +136,20 @@ class Server {
       for (TokenCount b = block; b + 1 <= P; b += block) candidates.push_back(Checkpoint{b, prompt_hashes.state_hash(b)});
 
     const auto admitted_at = Clock::now();
-    const AdmitDecision d = coordinator_.admit(AdmitRequest{id, P, s.hbm, prompt_keys, table, candidates, slot});
-    Entry* entry = book_.open(id, d, std::move(table), slot);
+    const AdmitDecision d = e_.coordinator.admit(AdmitRequest{id, P, s.hbm, prompt_keys, table, candidates, slot});
+    Entry* entry = e_.book.open(id, d, std::move(table), slot);
     if (entry == nullptr) throw Error(ErrorCode::io_failure, "request " + std::to_string(id.value) + " is parked already");
     const std::vector<BlockId>& blocks = entry->blocks;  // on the book until its Freed
     TokenCount resume = stateful ? 0 : s.hbm;  // a dense model resumes from its cached KV alone
     if (d.parked) {
       s.load = load_kind_of(d.plan);
-      const std::optional<Unpark> u = wait_for_unpark(id);
+      const std::optional<Unpark> u = e_.wait_for_unpark(id);
       s.load_seconds = seconds_since(admitted_at);
       if (!u) {
         s.stranded = true;
         ++stranded_;
-        coordinator_.teardown(id);
-        (void)book_.end(id);
+        e_.coordinator.teardown(id);
+        (void)e_.book.end(id);
       } else {
         s.outcome = u->kind;
         s.state_missed = u->state_missed;
@@ -178,7 +165,7 @@ class Server {
     const auto rebuilding_at = Clock::now();
     if (resume > 0) {
       try {
-        sequence.emplace(runner_.resume(resume, pools_.blocks, std::span(blocks).first(resume / block), slot_bytes(slot)));
+        sequence.emplace(runner_.resume(resume, e_.pools.blocks, std::span(blocks).first(resume / block), slot_bytes(slot)));
       } catch (const Error& e) {
         if (e.code() != ErrorCode::corrupt_data) throw;
         s.resume_refused = true;
@@ -186,7 +173,7 @@ class Server {
         // The checkpoint it came from is not served again: the next prompt that shares it
         // computes its own.
         if (const std::optional<TokenCount> b = state_boundary(d.plan); b && *b == resume)
-          (void)index_.forget(prompt_hashes.state_hash(*b));
+          (void)e_.index.forget(prompt_hashes.state_hash(*b));
         resume = 0;
       }
     }
@@ -246,11 +233,11 @@ class Server {
     const PrefixHashes hashes(tokens, block);
     const TokenCount own = TokenCount{shared} * block;
     if (prompt_floor > own)
-      runner_.codec().store_kv(sequence->full_blob(), own, prompt_floor, pools_.blocks, std::span(blocks).subspan(shared));
+      runner_.codec().store_kv(sequence->full_blob(), own, prompt_floor, e_.pools.blocks, std::span(blocks).subspan(shared));
     sequence.reset();
     if (extend) {
       Sequence tail = prompt_floor == 0 ? runner_.start()
-                                        : runner_.resume(prompt_floor, pools_.blocks,
+                                        : runner_.resume(prompt_floor, e_.pools.blocks,
                                                          std::span(blocks).first(prompt_floor / block), tail_state);
       if (generation_end && *generation_end > prompt_floor) {
         tail.prefill(std::span(tokens).subspan(prompt_floor, *generation_end - prompt_floor), false);
@@ -258,20 +245,20 @@ class Server {
       }
       tail.prefill(std::span(tokens).subspan(tail.position(), frontier_floor - tail.position()), false);
       const TokenCount from = std::max(prompt_floor, own);
-      runner_.codec().store_kv(tail.full_blob(), from, frontier_floor, pools_.blocks,
+      runner_.codec().store_kv(tail.full_blob(), from, frontier_floor, e_.pools.blocks,
                                std::span(blocks).subspan(from / block));
     }
-    connector_.begin_step(compute_);  // the saves read what the lines above wrote (R13)
+    e_.connector.begin_step(e_.compute);  // the saves read what the lines above wrote (R13)
     std::vector<PrefixHash> keys;
     for (TokenCount end = chunk; end <= frontier; end += chunk) keys.push_back(hashes.chunk_key(end));
     std::optional<Checkpoint> last;
     if (generation_end) last = Checkpoint{*generation_end, hashes.state_hash(*generation_end)};
-    for (TokenCount b = 0; b < frontier_floor / block; ++b) blocks_.publish(blocks[b], hashes.block_identity((b + 1) * block));
+    for (TokenCount b = 0; b < frontier_floor / block; ++b) e_.blocks.publish(blocks[b], hashes.block_identity((b + 1) * block));
     if (!s.stranded) {
-      (void)coordinator_.finish(FinishRequest{id, frontier, keys, blocks, last, slot});
-      (void)book_.end(id);  // `blocks` goes with the Freed: not used below
+      (void)e_.coordinator.finish(FinishRequest{id, frontier, keys, blocks, last, slot});
+      (void)e_.book.end(id);  // `blocks` goes with the Freed: not used below
     }
-    s.checkpoints_sent = coordinator_.stats().checkpoints_saved - checkpoints_before;
+    s.checkpoints_sent = e_.coordinator.stats().checkpoints_saved - checkpoints_before;
     if (!settle(options_.wait_for_stores)) s.stranded = true;
     current_prompt_ = {};
     return s;
@@ -281,15 +268,15 @@ class Server {
   /// freed (or rank_timeout passed); then drains the connector. Call before audit().
   void drain() {
     (void)settle(true);
-    connector_.drain();
-    (void)step_once();
+    e_.connector.drain();
+    (void)e_.step_once();
   }
 
   /// The numbers that must be zero: the host kit's audit of the index, the coordinator,
   /// the book and the pools, and the server's own counts. O(everything) (walks the index);
   /// call after drain().
   [[nodiscard]] ServerAudit audit() const {
-    const HostAudit h = audit_host(index_, coordinator_.stats(), book_, blocks_, request_slots_, snapshots_);
+    const HostAudit h = e_.audit();
     ServerAudit a;
     a.invariant_violations = h.invariant_violations + server_violations_;
     a.stranded_parked = h.stranded_parked + stranded_;
@@ -299,7 +286,7 @@ class Server {
   }
 
   /// Forgets the prefix cache, so the next request finds nothing in "HBM".
-  void drop_prefix_cache() { blocks_.forget_cached(); }
+  void drop_prefix_cache() { e_.blocks.forget_cached(); }
 
   /// Sets the hook called before each LoadRequest goes to the rank (empty: none).
   void set_load_hook(LoadHook hook) { load_hook_ = std::move(hook); }
@@ -308,59 +295,51 @@ class Server {
   [[nodiscard]] std::span<const llama_token> current_prompt() const noexcept { return current_prompt_; }
 
   /// The rank's geometry: grids, pools, the model id in every tier key.
-  [[nodiscard]] const RankGeometry& geometry() const noexcept { return geometry_; }
+  [[nodiscard]] const RankGeometry& geometry() const noexcept { return e_.geometry; }
   /// The runner every sequence of this server runs on.
   [[nodiscard]] const SequenceRunner& runner() const noexcept { return runner_; }
   /// The tier the connector's legs read and write (thread-safe, as every kvfuse Tier).
   [[nodiscard]] T& tier() noexcept { return tier_; }
   /// The index's, coordinator's, pump's and connector's counters, read now (O(1)).
-  [[nodiscard]] IndexStats index_stats() const { return index_.stats(); }
-  [[nodiscard]] CoordinatorStats coordinator_stats() const { return coordinator_.stats(); }
-  [[nodiscard]] PumpStats pump_stats() const { return pump_.stats(); }
-  [[nodiscard]] ConnectorStats connector_stats() const { return connector_.stats(); }
+  [[nodiscard]] IndexStats index_stats() const { return e_.index.stats(); }
+  [[nodiscard]] CoordinatorStats coordinator_stats() const { return e_.coordinator.stats(); }
+  [[nodiscard]] PumpStats pump_stats() const { return e_.pump.stats(); }
+  [[nodiscard]] ConnectorStats connector_stats() const { return e_.connector.stats(); }
   /// Bytes of one state entry in the tier (0 for a dense model).
   [[nodiscard]] std::size_t state_entry_bytes() const noexcept {
-    if constexpr (stateful) return StateLeg::entry_bytes(geometry_);
+    if constexpr (stateful) return StateLeg::entry_bytes(e_.geometry);
     else return 0;
   }
   /// The tier key of a KV chunk or a state entry of this server's model and rank.
   [[nodiscard]] TierKey tier_key(PrefixHash hash, EntryKind kind) const noexcept {
-    return detail::tier_key_of(geometry_, hash, kind);
+    return detail::tier_key_of(e_.geometry, hash, kind);
   }
 
  private:
   using Clock = std::chrono::steady_clock;
-  using Transport = detail::InProcessTransport<Conn>;
-  using Lookup = detail::LeadingChunks<T>;
-  using Book = AdmissionBook<>;
-  using Entry = typename Book::Entry;
-
-
-  static StateLeg make_state_leg(T& tier) {
-    if constexpr (stateful) return StateLeg(tier);
-    else return StateLeg{};
-  }
+  using Engine = detail::InProcessEngine<T, StateLeg>;
+  using Entry = typename Engine::Entry;
 
   // What a completed load read from the tier: whole chunks (PagedKv gets every chunk that
   // overlaps [hbm, end)) and the state entry.
   std::size_t bytes_of(const LoadPlan& plan) const noexcept {
-    const IndexRange chunks = chunk_range(plan, PlanGrids{geometry_.block_tokens, geometry_.chunk_tokens});
-    return chunks.size() * geometry_.chunk_bytes() + (state_boundary(plan) ? state_entry_bytes() : 0);
+    const IndexRange chunks = chunk_range(plan, PlanGrids{e_.geometry.block_tokens, e_.geometry.chunk_tokens});
+    return chunks.size() * e_.geometry.chunk_bytes() + (state_boundary(plan) ? state_entry_bytes() : 0);
   }
 
   // A salvaged load kept the plan's chunks below `tokens` (a dense prefix) or a state that
   // a second load brought, not what the plan claimed; count what landed and is used.
   std::size_t bytes_salvaged(const LoadPlan& plan, TokenCount tokens) const noexcept {
-    const IndexRange chunks = chunk_range(plan, PlanGrids{geometry_.block_tokens, geometry_.chunk_tokens});
-    const std::uint64_t kept_end = std::min<std::uint64_t>(chunks.last, tokens / geometry_.chunk_tokens);
+    const IndexRange chunks = chunk_range(plan, PlanGrids{e_.geometry.block_tokens, e_.geometry.chunk_tokens});
+    const std::uint64_t kept_end = std::min<std::uint64_t>(chunks.last, tokens / e_.geometry.chunk_tokens);
     const std::uint64_t kept = kept_end > chunks.first ? kept_end - chunks.first : 0;
-    return kept * geometry_.chunk_bytes() + (stateful ? state_entry_bytes() : 0);
+    return kept * e_.geometry.chunk_bytes() + (stateful ? state_entry_bytes() : 0);
   }
 
   static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
   std::span<std::byte> slot_span(SlotId s) const noexcept {
-    return {pools_.slots + std::size_t{s.value} * geometry_.slot_bytes, geometry_.slot_bytes};
+    return {e_.pools.slots + std::size_t{s.value} * e_.geometry.slot_bytes, e_.geometry.slot_bytes};
   }
   std::span<const std::byte> slot_bytes(std::optional<SlotId> s) const noexcept {
     if (!s) return {};
@@ -370,81 +349,34 @@ class Server {
   // A mid-prefill checkpoint: the state at the sequence's position into a snapshot slot,
   // handed to the coordinator.
   void checkpoint_at(const Sequence& sequence, const Checkpoint& c) {
-    if (snapshots_.empty()) (void)pump_until([&] { return !snapshots_.empty(); });
-    const std::optional<SlotId> snapshot = snapshots_.take();
+    if (e_.snapshots.empty()) (void)e_.pump_until([&] { return !e_.snapshots.empty(); });
+    const std::optional<SlotId> snapshot = e_.snapshots.take();
     if (!snapshot) {
       ++server_violations_;  // a snapshot slot never came back within the timeout
       return;
     }
     sequence.store_state(slot_span(*snapshot));
-    connector_.begin_step(compute_);
-    const CheckpointResult r = coordinator_.checkpoint(c, *snapshot);
-    if (r != CheckpointResult::saved) (void)snapshots_.give(*snapshot);
-  }
-
-  std::optional<Unpark> wait_for_unpark(RequestId id) {
-    unpark_watch_ = id;
-    unparked_.reset();
-    (void)pump_until([&] { return unparked_.has_value(); });
-    const std::optional<Unpark> got = unparked_;
-    unparked_.reset();
-    unpark_watch_.reset();
-    return got;
+    e_.connector.begin_step(e_.compute);
+    const CheckpointResult r = e_.coordinator.checkpoint(c, *snapshot);
+    if (r != CheckpointResult::saved) (void)e_.snapshots.give(*snapshot);
   }
 
   // Every admission on the book was freed; with `stores`, every save stored and every
   // snapshot slot back too.
   bool settle(bool stores) {
-    return pump_until([&] {
-      if (book_.size() > 0) return false;
+    return e_.pump_until([&] {
+      if (e_.book.size() > 0) return false;
       if (!stores) return true;
-      const IndexStats st = index_.stats();
-      return st.saves_outstanding == 0 && st.outstanding == 0 && snapshots_.taken() == 0;
+      const IndexStats st = e_.index.stats();
+      return st.saves_outstanding == 0 && st.outstanding == 0 && e_.snapshots.taken() == 0;
     });
-  }
-
-  template <class Done>
-  bool pump_until(Done done) {
-    const auto deadline = Clock::now() + options_.rank_timeout;
-    while (!done()) {
-      if (Clock::now() > deadline) return false;
-      if (!step_once()) std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    return true;
-  }
-
-  // One coordinator step, routed by the book: an Unpark resumes the one request waiting
-  // (the book counts any other), a Freed hands blocks and the request slot back, snapshots
-  // return. True when it brought anything.
-  bool step_once() {
-    const CoordinatorStep r = coordinator_.step();
-    (void)book_.apply(r, blocks_, request_slots_, snapshots_, [this](const Entry& e, const Unpark& u) {
-      if (unpark_watch_ && e.request == *unpark_watch_) unparked_ = u;
-    });
-    return r.records > 0 || !r.unparked.empty() || !r.freed.empty() || !r.snapshots.empty();
   }
 
   const SequenceRunner& runner_;
   T& tier_;
   ServeOptions options_;
-  HostRuntime runtime_;
-  RankGeometry geometry_;
-  detail::DevicePools pools_;
-  SingleRank group_;
-  OffloadIndex<> index_;
-  SettlementPump<SingleRank, OffloadIndex<>> pump_;
-  Transport transport_;
-  Lookup lookup_;
-  Coordinator<SingleRank, Transport, Lookup> coordinator_;
-  Conn connector_;
-  PrefixBlockPool blocks_;
-  SlotPool request_slots_;  // one: requests run one at a time
-  SlotPool snapshots_;      // after the request slot
-  Book book_;
-  HostRuntime::Stream compute_;
-  std::optional<RequestId> unpark_watch_;
-  std::optional<Unpark> unparked_;
   LoadHook load_hook_;
+  Engine e_;  // the Coordinator, the host kit and the rank
   std::span<const llama_token> current_prompt_;
   std::uint64_t next_request_ = 1;
   std::uint64_t stranded_ = 0;

@@ -392,6 +392,38 @@ inline void copy_row(const BlobLayout& layout, const BlobRows& rows, std::size_t
                 r.element_bytes);
 }
 
+namespace detail {
+
+// dst[e][t] = row(t)[e] for `cells` rows of `elements` elements of `eb` bytes: the
+// element-major V section of a blob from row-major block rows. Tiles of 32 rows keep the
+// reads in L1 and make each element's writes one contiguous run; the element size is a
+// template argument for the common sizes so each copy is a plain load and store, not a call.
+template <std::size_t EB, class RowOf>
+void transpose_tiles(std::uint8_t* dst, std::uint32_t cells, std::uint32_t elements, std::size_t eb, RowOf& row) {
+  constexpr std::uint32_t tile = 32;
+  const std::size_t size = EB != 0 ? EB : eb, column = std::size_t{cells} * size;
+  const std::byte* src[tile];
+  for (std::uint32_t t0 = 0; t0 < cells; t0 += tile) {
+    const std::uint32_t n = std::min(tile, cells - t0);
+    for (std::uint32_t k = 0; k < n; ++k) src[k] = row(t0 + k);
+    for (std::uint32_t e = 0; e < elements; ++e) {
+      std::uint8_t* to = dst + e * column + std::size_t{t0} * size;
+      for (std::uint32_t k = 0; k < n; ++k) std::memcpy(to + k * size, src[k] + e * size, EB != 0 ? EB : size);
+    }
+  }
+}
+
+template <class RowOf>
+void transpose_rows(std::uint8_t* dst, std::uint32_t cells, std::uint32_t elements, std::size_t eb, RowOf&& row) {
+  switch (eb) {
+    case 2: transpose_tiles<2>(dst, cells, elements, eb, row); break;
+    case 4: transpose_tiles<4>(dst, cells, elements, eb, row); break;
+    default: transpose_tiles<0>(dst, cells, elements, eb, row); break;
+  }
+}
+
+}  // namespace detail
+
 /// Writes into `out` (replacing its contents) the FULL blob of a sequence of `tokens`
 /// tokens (a multiple of the granule) that llama_state_seq_set_data accepts: its rows
 /// from `row(run, index)` (a pointer to row_bytes in block form), its state from `state`
@@ -407,6 +439,9 @@ void write_full_blob(const BlobLayout& layout, TokenCount tokens, std::span<cons
   if ((layout.family == BlobFamily::attention) != state.empty())
     detail::corrupt("a state part of " + std::to_string(state.size()) + " bytes for this model");
   out.clear();
+  std::size_t row_bytes = 0;  // an upper bound of the rows' bytes: one reservation, no regrowth
+  for (const RowRun& r : layout.runs) row_bytes += r.row_bytes * (tokens / r.tokens_per_row + 1);
+  out.reserve(64 + 12 * tokens + row_bytes + state.size() + 16 * layout.runs.size());
   put(out, detail::sequence_magic);
   put(out, std::int32_t{0});
   const auto cells = static_cast<std::uint32_t>(tokens);
@@ -428,13 +463,15 @@ void write_full_blob(const BlobLayout& layout, TokenCount tokens, std::span<cons
       put(out, r.type);
       if (!r.transposed) {
         put(out, std::uint64_t{r.row_bytes});
-        for (std::uint32_t t = 0; t < cells; ++t) detail::put_bytes(out, row(i, t), r.row_bytes);
+        std::uint8_t* dst = detail::grow(out, std::size_t{cells} * r.row_bytes);
+        for (std::uint32_t t = 0; t < cells; ++t, dst += r.row_bytes) std::memcpy(dst, row(i, t), r.row_bytes);
       } else {
+        // Element-major in the blob, row-major in blocks: each row is read once and its
+        // elements scattered a column apart.
         put(out, r.element_bytes);
         put(out, r.elements);
-        for (std::uint32_t e = 0; e < r.elements; ++e)
-          for (std::uint32_t t = 0; t < cells; ++t)
-            detail::put_bytes(out, row(i, t) + std::size_t{e} * r.element_bytes, r.element_bytes);
+        std::uint8_t* dst = detail::grow(out, std::size_t{r.elements} * cells * r.element_bytes);
+        detail::transpose_rows(dst, cells, r.elements, r.element_bytes, [&](std::uint32_t t) { return row(i, t); });
       }
     }
     detail::put_bytes(out, state.data(), state.size());  // hybrid: the recurrent section
@@ -465,7 +502,8 @@ void write_full_blob(const BlobLayout& layout, TokenCount tokens, std::span<cons
       put(out, r.ne0);
       put(out, std::uint64_t{rows});
       put(out, std::uint64_t{r.row_bytes});
-      for (std::uint32_t j = 0; j < rows; ++j) detail::put_bytes(out, row(i, j), r.row_bytes);
+      std::uint8_t* dst = detail::grow(out, std::size_t{rows} * r.row_bytes);
+      for (std::uint32_t j = 0; j < rows; ++j, dst += r.row_bytes) std::memcpy(dst, row(i, j), r.row_bytes);
     }
   }
   detail::put_bytes(out, state.data() + window_end, state.size() - window_end);

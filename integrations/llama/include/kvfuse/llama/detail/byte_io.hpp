@@ -65,5 +65,12 @@ inline void put_bytes(std::vector<std::uint8_t>& out, const void* p, std::size_t
   const auto* b = static_cast<const std::uint8_t*>(p);
   out.insert(out.end(), b, b + n);
 }
+// `n` bytes appended to `out`, to be written through the pointer: one resize where a loop
+// of put_bytes would grow the vector a row (or an element) at a time.
+inline std::uint8_t* grow(std::vector<std::uint8_t>& out, std::size_t n) {
+  const std::size_t at = out.size();
+  out.resize(at + n);
+  return out.data() + at;
+}
 
 }  // namespace kvfuse::llama::detail
