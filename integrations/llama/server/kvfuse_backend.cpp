@@ -52,6 +52,7 @@ struct SlotProgress {
   bool open = false;           ///< a task between load() and its prompt's end
   bool settle = false;         ///< a served prompt ended: settle() may recompute what followed it
   TokenCount state_at = 0;     ///< a stateful sequence: the last boundary whose state kvfuse holds
+  TokenCount state_end = 0;    ///< a stateful sequence that settle() left clean to its end: that end (0: none)
 };
 
 void say(const std::string& message) { std::fprintf(stderr, "kvfuse-llama-server: %s\n", message.c_str()); }
@@ -136,10 +137,11 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     }
     const std::uint32_t slots = llama_n_seq_max(ctx);
     unified_ = params.kv_unified || slots == 1;
-    if (slots > 1 && family_ == BlobFamily::deepseek4) {
-      // With several sequences its blob carries every stream (or, unified, state rows the
-      // one-sequence layout does not have); the codec reads the one-sequence form only.
-      say("deepseek4 with --parallel " + std::to_string(slots) + ": kvfuse reads its state blob for one slot only; serving without kvfuse");
+    if (slots > 1 && unified_ && family_ == BlobFamily::deepseek4) {
+      // One unified cache of several sequences: its compressor states hold rows the
+      // one-sequence layout does not have. A stream per slot (no --kv-unified) is cut to it.
+      say("deepseek4 with --kv-unified and --parallel " + std::to_string(slots) +
+          ": kvfuse reads its state blob with a stream per slot only; serving without kvfuse");
       return true;
     }
     SlotCacheOptions o;
@@ -246,6 +248,7 @@ class KvfuseBackend final : public server_prompt_cache_backend {
       if (family_ != BlobFamily::attention) s.clean = at = 0;
     } else if (s.grid) {
       ++counters_.settles;
+      if (family_ != BlobFamily::attention) s.state_end = at;  // the next prompt may continue these cells
       // The generation-end checkpoint (CheckpointPolicy::at_generation_end), when the policy's
       // prefill checkpoints did not already put one at the target.
       const std::vector<TokenCount> stops = family_ == BlobFamily::attention ? std::vector<TokenCount>{} : engine_->stops(slot);
@@ -295,10 +298,20 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     // it runs other ubatches). Beyond that the slot holds a reply's KV, computed one token at
     // a time, which stock reuses and kvfuse does not: with the tiny dense model stock's own
     // reuse of a continuation changes its first-step probabilities (docs/llama-server.md).
-    // A stateful model's cells cannot be cut back (its state is at their end), so it starts
-    // from kvfuse's boundary or from token 0.
+    // A stateful model's cells cannot be cut back (its state is at their end): it keeps them
+    // only when they are clean to their end and the prompt continues them there (a settled
+    // reply, on the grid, below the tail split), else it starts from kvfuse's boundary or
+    // from token 0.
     const TokenCount own = static_cast<TokenCount>(std::max(0, n_past));
-    const TokenCount keep = family_ == BlobFamily::attention ? TokenGrid{ubatch_}.floor(std::min(own, s.clean)) : 0;
+    TokenCount keep = 0;
+    if (family_ == BlobFamily::attention) {
+      keep = TokenGrid{ubatch_}.floor(std::min(own, s.clean));
+    } else {
+      const llama_pos last = llama_memory_seq_pos_max(llama_get_memory(ctx_), id_slot);
+      const bool whole = own > 0 && last >= 0 && static_cast<TokenCount>(last) + 1 == own;
+      if (whole && own == s.clean && own % ubatch_ == 0 && own <= limit && own == s.state_end) keep = own;
+    }
+    s.state_end = 0;  // this prompt moves the state on
     // No gain is possible below that: admit without a load (the admission still carries
     // this prompt's saves).
     // A dense prompt also asks the tier's catalogue first: a load that cannot pass the

@@ -94,9 +94,11 @@ class Server:
     def get(self, path):
         return self.request("GET", path)
 
-    def complete(self, tokens, cache_prompt=True, n_predict=12):
+    def complete(self, tokens, cache_prompt=True, n_predict=12, id_slot=None):
         body = {"prompt": tokens, "n_predict": n_predict, "temperature": 0, "n_probs": 4, "grammar": GRAMMAR,
                 "cache_prompt": cache_prompt, "return_tokens": True, "samplers": ["top_k"], "top_k": 1}
+        if id_slot is not None:
+            body["id_slot"] = id_slot
         status, data = self.request("POST", "/completion", body)
         if status != 200:
             raise RuntimeError(f"/completion answered {status}: {data[:300]!r}\n{self.tail()}")
@@ -268,6 +270,39 @@ def case_boundaries(a, tmp, arch):
     print(f"{arch}: prompts of {[len(p) for p in prompts]} tokens resumed at {restored}, each with the reference's bits")
     if not any(restored):
         raise AssertionError("nothing was resumed")
+
+
+def case_parallel(a, tmp, arch):
+    """--parallel 2, a KV stream per slot: a prompt prefilled in one slot is restored into the
+    other (its blob cut to the one-stream form for the codec and padded back for llama.cpp),
+    one request at a time, with the bits of the stock server at --parallel 2 with its cache
+    off."""
+    model = os.path.join(a.models, f"{arch}.gguf")
+    extra = ["-np", "2"] + (["--swa-full"] if arch == "deepseek4" else [])
+    rng = random.Random(5)
+    first, second = ([rng.randrange(3, 320) for _ in range(n)] for n in (520, 660))
+    plan = [(first, 0), (first, 1), (second, 1), (second, 0), (first, 0)]
+    stock = Server(a.stock, model, tmp, "stock", ["--cache-ram", "0"] + extra)
+    try:
+        ref = [stock.complete(p, cache_prompt=False, id_slot=slot) for p, slot in plan]
+    finally:
+        stock.stop()
+    kv = start_kvfuse(a, tmp, model, "kvfuse", ["--kvfuse-memory", "64MiB"] + extra)
+    try:
+        got = [kv.complete(p, id_slot=slot) for p, slot in plan]
+        zeros(kv.metrics())
+        log = kv.tail()
+    finally:
+        kv.stop()
+    if "serving without kvfuse" in log:
+        raise AssertionError(f"the server did not use kvfuse at --parallel 2:\n{log}")
+    restored = [g["timings"].get("cache_backend_n", 0) for g in got]
+    for i, ((p, slot), r0, r) in enumerate(zip(plan, ref, got)):
+        if r["tokens"] != r0["tokens"] or first_step(r) != first_step(r0):
+            raise AssertionError(f"request {i} ({len(p)} tokens, slot {slot}, {restored[i]} restored) differs from the reference")
+    print(f"{arch} --parallel 2: slots {[slot for _, slot in plan]} restored {restored}, each with the reference's bits")
+    if restored[1] == 0 or restored[3] == 0:
+        raise AssertionError("a prompt computed in one slot was not restored into the other")
 
 
 def case_stock(a, tmp):
@@ -545,6 +580,8 @@ def main():
             case_flags(a, tmp)
         elif a.case == "boundaries":
             case_boundaries(a, tmp, a.model)
+        elif a.case == "parallel":
+            case_parallel(a, tmp, a.model)
         elif a.case == "stock":
             case_stock(a, tmp)
         elif a.case == "compare":

@@ -154,9 +154,10 @@ struct KvSection {
   std::vector<const std::byte*> data;
 };
 
-inline KvSection read_kv_section(Reader& r, std::uint32_t value_runs, bool sequence_cells) {
+// One stream's part of a KV section, from its cell count on (a blob of several streams has
+// one per stream after the section's stream count).
+inline KvSection read_kv_stream(Reader& r, std::uint32_t value_runs, bool sequence_cells) {
   KvSection s;
-  r.expect(1, "the KV section's stream count");
   s.cells = r.get<std::uint32_t>();
   if (s.cells == 0) return s;  // an empty stream writes nothing more
   for (std::uint32_t i = 0; i < s.cells; ++i) {
@@ -191,6 +192,11 @@ inline KvSection read_kv_section(Reader& r, std::uint32_t value_runs, bool seque
     s.runs.push_back(v);
   }
   return s;
+}
+
+inline KvSection read_kv_section(Reader& r, std::uint32_t value_runs, bool sequence_cells) {
+  r.expect(1, "the KV section's stream count");
+  return read_kv_stream(r, value_runs, sequence_cells);
 }
 
 /// One dsv4 tensor record; returns its data.
