@@ -33,6 +33,7 @@
 #include "cache_engine.hpp"
 #include "llama_calls.hpp"
 #include "slot_cache.hpp"
+#include "slot_progress.hpp"
 #include "stream_blob.hpp"
 #include "tier_stack.hpp"
 
@@ -41,19 +42,6 @@ namespace {
 
 using llama::BlobFamily;
 
-/// What the backend knows about one slot.
-struct SlotProgress {
-  TokenCount clean = 0;        ///< leading cells that are what a prefill from token 0 computes
-  TokenCount restored = 0;     ///< this task: tokens restored from kvfuse (0: none)
-  TokenCount prompt = 0;       ///< this task's prompt length
-  TokenCount tail = 0;         ///< the server's own split of the prompt's last tokens
-  std::optional<TokenCount> start;  ///< where this task's prefill started (its first computed())
-  bool grid = false;           ///< the prefill started on the grid from clean cells
-  bool open = false;           ///< a task between load() and its prompt's end
-  bool settle = false;         ///< a served prompt ended: settle() may recompute what followed it
-  TokenCount state_at = 0;     ///< a stateful sequence: the last boundary whose state kvfuse holds
-  TokenCount state_end = 0;    ///< a stateful sequence that settle() left clean to its end: that end (0: none)
-};
 
 void say(const std::string& message) { std::fprintf(stderr, "kvfuse-llama-server: %s\n", message.c_str()); }
 
@@ -158,9 +146,8 @@ class KvfuseBackend final : public server_prompt_cache_backend {
       // prefill from token 0 put them (docs/llama-server.md#deepseek4).
       o.state_period = 256;
       o.state_phase = 128;
-      state_period_ = o.state_period;
-      state_phase_ = o.state_phase;
     }
+    cache_options_ = o;
     try {
       if (family_ == BlobFamily::attention) engine_ = std::make_unique<CacheEngineOf<NoState>>(*codec_, *tiers_, o);
       else if (family_ == BlobFamily::hybrid) engine_ = std::make_unique<CacheEngineOf<RecurrentState<TierStack>>>(*codec_, *tiers_, o);
@@ -219,9 +206,8 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     s.settle = false;
     // The last token was sampled and never decoded: the chunks end below it (and a stateful
     // model's target is a boundary it may resume at).
-    TokenCount target = tokens.size() < 2 ? 0 : TokenGrid{chunk_}.floor(tokens.size() - 1);
-    if (state_period_ != 0 && family_ != BlobFamily::attention)
-      target = target < state_phase_ ? 0 : state_phase_ + (target - state_phase_) / state_period_ * state_period_;
+    const TokenCount end = tokens.size() < 2 ? 0 : tokens.size() - 1;
+    const TokenCount target = family_ == BlobFamily::attention ? TokenGrid{chunk_}.floor(end) : cache_options_.state_floor(end, chunk_);
     // Nothing the prompt has not saved already: its KV chunks, and for a stateful model the
     // state (its prompt's checkpoints sit below the server's tail split, so often well below).
     if (target <= (family_ == BlobFamily::attention ? TokenGrid{chunk_}.floor(s.clean) : s.state_at)) return -1;
@@ -419,7 +405,7 @@ class KvfuseBackend final : public server_prompt_cache_backend {
   std::unique_ptr<TierStack> tiers_;
   BlobFamily family_ = BlobFamily::attention;
   std::uint32_t chunk_ = 256, ubatch_ = 512;
-  TokenCount state_period_ = 0, state_phase_ = 0;  // SlotCacheOptions' (deepseek4's boundaries)
+  SlotCacheOptions cache_options_;  // what the SlotCache was built with (its state boundary rule)
   llama_context* ctx_ = nullptr;
   bool unified_ = true;
   std::unique_ptr<llama::SequenceCodec> codec_;

@@ -127,7 +127,7 @@ class SlotCache {
     std::vector<Checkpoint> candidates;
     if constexpr (stateful)
       for (TokenCount b = block; b + 1 <= P; b += block)
-        if (options_.state_period == 0 || b % options_.state_period == options_.state_phase)
+        if (options_.state_allowed(b))
           candidates.push_back(Checkpoint{b, hashes.state_hash(b)});
     const AdmitDecision d = e_.coordinator.admit(AdmitRequest{t.id, P, 0, keys, t.table, candidates, t.slot});
     Entry* entry = e_.book.open(t.id, d, t.table, t.slot);
@@ -140,7 +140,7 @@ class SlotCache {
     t.open = true;
     t.stops.clear();
     for (const TokenCount b : d.checkpoints)
-      if (options_.state_period == 0 || b % options_.state_period == options_.state_phase) t.stops.push_back(b);
+      if (options_.state_allowed(b)) t.stops.push_back(b);
     if (options_.state_period != 0 && !candidates.empty() &&
         std::find(t.stops.begin(), t.stops.end(), candidates.back().boundary) == t.stops.end()) {
       // The policy's prompt-end checkpoint may fall off the allowed boundaries: the last

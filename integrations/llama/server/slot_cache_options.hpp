@@ -28,6 +28,17 @@ struct SlotCacheOptions {
   /// A stateful prompt may resume only at boundaries b with b % state_period == state_phase
   /// (0 and 0: every block boundary). See kvfuse_backend.cpp for deepseek4's.
   TokenCount state_period = 0, state_phase = 0;
+
+  /// Whether a state may be resumed at boundary `b` (the rule above).
+  [[nodiscard]] constexpr bool state_allowed(TokenCount b) const noexcept {
+    return state_period == 0 || b % state_period == state_phase;
+  }
+  /// The last boundary at or below `b` that state_allowed, on a grid of `grid` tokens when
+  /// every boundary is allowed (0: none).
+  [[nodiscard]] constexpr TokenCount state_floor(TokenCount b, TokenCount grid) const noexcept {
+    if (state_period == 0) return b / grid * grid;
+    return b < state_phase ? 0 : state_phase + (b - state_phase) / state_period * state_period;
+  }
   std::chrono::milliseconds rank_timeout{10000};  ///< how long a load or a save may take before it is given up
 };
 
