@@ -32,6 +32,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -228,23 +229,45 @@ class RedisCluster {
     return out;
   }
 
+  // Starts a node on `port`. Another process can take a port (or its bus port) between
+  // free_ports' probe and the server's bind; the server then exits at once, and the node is
+  // started again on other free ports, a few times.
   void start_node(int port) {
-    Node n;
-    n.port = port;
-    n.dir = dir_ / ("node" + std::to_string(nodes_.size()));
-    std::filesystem::create_directories(n.dir);
-    std::vector<std::string> args = {server_, "--port", std::to_string(port), "--bind", "127.0.0.1",
-                                     "--cluster-enabled", "yes", "--cluster-config-file", (n.dir / "nodes.conf").string(),
-                                     "--cluster-node-timeout", std::to_string(spec_.node_timeout_ms),
-                                     "--save", "", "--appendonly", "no", "--dir", n.dir.string(),
-                                     "--logfile", (n.dir / "redis.log").string(), "--daemonize", "no"};
-    if (!spec_.password.empty()) args.insert(args.end(), {"--requirepass", spec_.password, "--masterauth", spec_.password});
-    args.insert(args.end(), spec_.extra.begin(), spec_.extra.end());
-    n.pid = spawn_quiet(std::move(args));
-    if (n.pid <= 0) throw std::runtime_error("cannot start redis-server");
-    nodes_.push_back(n);
-    const std::size_t i = nodes_.size() - 1;
-    wait_for([&] { return command(i, {"PING"}) != nullptr; }, "node " + address(i) + " to answer");
+    for (int attempt = 0;; ++attempt) {
+      Node n;
+      n.port = port;
+      n.dir = dir_ / ("node" + std::to_string(nodes_.size()));
+      std::filesystem::create_directories(n.dir);
+      std::vector<std::string> args = {server_, "--port", std::to_string(port), "--bind", "127.0.0.1",
+                                       "--cluster-enabled", "yes", "--cluster-config-file", (n.dir / "nodes.conf").string(),
+                                       "--cluster-node-timeout", std::to_string(spec_.node_timeout_ms),
+                                       "--save", "", "--appendonly", "no", "--dir", n.dir.string(),
+                                       "--logfile", (n.dir / "redis.log").string(), "--daemonize", "no"};
+      if (!spec_.password.empty()) args.insert(args.end(), {"--requirepass", spec_.password, "--masterauth", spec_.password});
+      args.insert(args.end(), spec_.extra.begin(), spec_.extra.end());
+      n.pid = spawn_quiet(std::move(args));
+      if (n.pid <= 0) throw std::runtime_error("cannot start redis-server");
+      nodes_.push_back(n);
+      const std::size_t i = nodes_.size() - 1;
+      bool exited = false;
+      wait_for([&] {
+        int status = 0;
+        if (::waitpid(nodes_[i].pid, &status, WNOHANG) == nodes_[i].pid) return exited = true;
+        return command(i, {"PING"}) != nullptr;
+      }, "node " + address(i) + " to answer");
+      if (!exited) return;
+      if (attempt == 4) throw std::runtime_error("node " + address(i) + " exited at start, five times\n" + logs());
+      std::error_code ec;
+      std::filesystem::remove_all(nodes_[i].dir, ec);  // its nodes.conf names the old port
+      nodes_.pop_back();
+      std::vector<int> taken;
+      for (const Node& other : nodes_) taken.push_back(other.port);
+      do {
+        port = free_ports(1).front();
+      } while (std::find(taken.begin(), taken.end(), port) != taken.end() ||
+               std::find(taken.begin(), taken.end(), port + 10000) != taken.end() ||
+               std::find(taken.begin(), taken.end(), port - 10000) != taken.end());
+    }
   }
 
   void join() {

@@ -8,9 +8,11 @@
 #include <kvfuse/tier/disk_tier.hpp>
 
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <xxhash.h>  // again, as an engine might: must coexist with kvfuse's inline include
 
 #include <algorithm>
+#include <csignal>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -419,4 +421,141 @@ TEST_CASE("R19 disk tier: an unusable directory is an io_failure that names the 
     CHECK(std::string(e.what()).find(bad.string()) != std::string::npos);
   }
   CHECK_THROWS_AS(DiskTier{blocker}, Error);  // the path itself is a regular file
+}
+
+namespace {
+
+DiskTierOptions capped(std::uint64_t bytes) {
+  DiskTierOptions o;
+  o.capacity_bytes = bytes;
+  return o;
+}
+
+std::set<std::uint64_t> hashes_held(const DiskTier& tier) {
+  std::set<std::uint64_t> out;
+  for (const TierKey& k : tier.keys(EntryKind::kv_chunk)) out.insert(k.hash.value);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("disk tier: at its capacity a put deletes the least recently used entries, and a hit makes an entry recent") {
+  TempDir dir;
+  DiskTier tier(dir.path, capped(3000));
+  for (std::uint64_t h = 1; h <= 3; ++h) REQUIRE(tier.put(key_of(h), pattern(h, 1000)));
+  std::vector<std::byte> staging(4096);
+  REQUIRE(tier.get(key_of(1), staging).hit());  // 2 is now the least recently used
+  REQUIRE(tier.put(key_of(4), pattern(4, 1000)));
+  CHECK(hashes_held(tier) == std::set<std::uint64_t>{1, 3, 4});
+  CHECK_FALSE(fs::exists(tier.path_of(key_of(2))));  // its file is gone, not only its name
+  CHECK(tier.get(key_of(2), staging).status() == GetStatus::miss);
+  CHECK(testing::regular_files_in(dir.path) == 3);
+
+  // A put that needs two entries' room takes the two oldest (3, then 1).
+  REQUIRE(tier.put(key_of(5), pattern(5, 1900)));
+  CHECK(hashes_held(tier) == std::set<std::uint64_t>{4, 5});
+  auto s = tier.stats();
+  CHECK(s.evictions == 3);
+  CHECK(s.bytes == 2900);
+  CHECK(s.capacity == 3000);
+  CHECK(s.bytes <= s.capacity);
+
+  // Larger than the whole capacity: refused, nothing written, nothing evicted.
+  CHECK_FALSE(tier.put(key_of(6), pattern(6, 3001)));
+  CHECK_FALSE(fs::exists(tier.path_of(key_of(6))));
+  s = tier.stats();
+  CHECK(s.put_failures == 1);
+  CHECK(s.evictions == 3);
+  CHECK(hashes_held(tier) == std::set<std::uint64_t>{4, 5});
+
+  // Replacing an entry counts its new size once and makes it the most recent.
+  REQUIRE(tier.put(key_of(4), pattern(40, 1100)));
+  REQUIRE(tier.put(key_of(7), pattern(7, 1000)));  // 3000 + 1000 > 3000: 5 goes, not 4
+  CHECK(hashes_held(tier) == std::set<std::uint64_t>{4, 7});
+  CHECK(tier.stats().bytes == 2100);
+  const TierView v = tier.get(key_of(4), staging);
+  REQUIRE(v.hit());
+  CHECK(same(v.bytes(), pattern(40, 1100)));
+}
+
+TEST_CASE("R18 disk tier: a restart keeps the capacity and the recency order, and a lower capacity evicts the oldest at open") {
+  TempDir dir;
+  std::vector<std::byte> staging(4096);
+  {
+    DiskTier tier(dir.path, capped(4000));
+    for (std::uint64_t h = 1; h <= 4; ++h) REQUIRE(tier.put(key_of(h), pattern(h, 1000)));
+    REQUIRE(tier.get(key_of(1), staging).hit());
+    REQUIRE(tier.get(key_of(2), staging).hit());  // most recent first: 2, 1, 4, 3
+  }
+  {
+    DiskTier tier(dir.path, capped(4000));
+    CHECK(tier.stats().evictions == 0);
+    CHECK(hashes_held(tier) == std::set<std::uint64_t>{1, 2, 3, 4});
+    REQUIRE(tier.put(key_of(5), pattern(5, 1000)));  // the oldest before the restart goes
+    CHECK(hashes_held(tier) == std::set<std::uint64_t>{1, 2, 4, 5});
+  }  // 5, 2, 1, 4
+  DiskTier smaller(dir.path, capped(2000));
+  const auto s = smaller.stats();
+  CHECK(s.evictions == 2);
+  CHECK(s.bytes == 2000);
+  CHECK(hashes_held(smaller) == std::set<std::uint64_t>{2, 5});
+  CHECK(testing::regular_files_in(dir.path) == 2);
+  for (std::uint64_t h : {2, 5}) {
+    const TierView v = smaller.get(key_of(h), staging);
+    REQUIRE(v.hit());
+    CHECK(same(v.bytes(), pattern(h, 1000)));
+  }
+}
+
+TEST_CASE("disk tier: a full disk during a put is a failed put, counted, and the previous entry is still served whole") {
+  TempDir dir;
+  DiskTier tier(dir.path);
+  const auto old_bytes = pattern(1, 100);
+  REQUIRE(tier.put(key_of(1), old_bytes));
+  {
+    // A file size limit makes write() fail with EFBIG part way through the file, as a full
+    // disk fails it with ENOSPC (SIGXFSZ ignored, so the call returns the error).
+    rlimit saved{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &saved) == 0);
+    const auto previous = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit small = saved;
+    small.rlim_cur = 4096;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+    const bool stored = tier.put(key_of(1), pattern(2, 64 * 1024));
+    const bool stored_new = tier.put(key_of(2), pattern(3, 64 * 1024));
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &saved) == 0);
+    std::signal(SIGXFSZ, previous);
+    CHECK_FALSE(stored);
+    CHECK_FALSE(stored_new);
+  }
+  const auto s = tier.stats();
+  CHECK(s.put_failures == 2);
+  CHECK(s.io_errors >= 2);
+  CHECK(s.entries == 1);
+  CHECK(s.bytes == old_bytes.size());
+  CHECK_FALSE(has_temp_files(dir.path));  // the torn temporary files were removed
+  std::vector<std::byte> staging(128 * 1024);
+  const TierView v = tier.get(key_of(1), staging);
+  REQUIRE(v.hit());
+  CHECK(same(v.bytes(), old_bytes));
+  CHECK(tier.get(key_of(2), staging).status() == GetStatus::miss);
+
+  DiskTier reopened(dir.path);  // nothing torn is adopted after a restart either
+  CHECK(reopened.stats().entries == 1);
+  CHECK(reopened.stats().quarantined == 0);
+  const TierView again = reopened.get(key_of(1), staging);
+  REQUIRE(again.hit());
+  CHECK(same(again.bytes(), old_bytes));
+}
+
+TEST_CASE("R19 disk tier: a capacity of 0 is an invalid_argument that names it") {
+  TempDir dir;
+  try {
+    DiskTier tier(dir.path, capped(0));
+    FAIL("a capacity of 0 must not open");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    CHECK(std::string(e.what()).find("capacity_bytes") != std::string::npos);
+    CHECK(std::string(e.what()).find("got 0") != std::string::npos);
+  }
 }

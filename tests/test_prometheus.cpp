@@ -375,6 +375,8 @@ DiskTierStats disk_tier_stats() {
   s.puts = 10007;
   s.put_failures = 10008;
   s.io_errors = 10009;
+  s.capacity = 10010;
+  s.evictions = 10011;
   return s;
 }
 
@@ -513,6 +515,8 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_tier_puts_total", "disk", true, uint64_t{10007}},
       {"kvfuse_tier_put_failures_total", "disk", true, uint64_t{10008}},
       {"kvfuse_tier_io_errors_total", "disk", true, uint64_t{10009}},
+      {"kvfuse_tier_capacity_bytes", "disk", true, uint64_t{10010}},
+      {"kvfuse_tier_evictions_total", "disk", true, uint64_t{10011}},
 
       {"kvfuse_tier_hits_total", "redis", true, uint64_t{13001}},
       {"kvfuse_tier_misses_total", "redis", true, uint64_t{13002}},
@@ -665,7 +669,8 @@ TEST_CASE("prometheus: two sources with different labels are two samples under o
   CHECK(hits.samples[0].value == "21");
   CHECK(hits.samples[1].labels == Labels{{"rank", "0"}, {"tier", "disk"}});
   CHECK(hits.samples[1].value == "22");
-  CHECK(parsed.families.at("kvfuse_tier_capacity_bytes").samples.size() == 1);  // memory only
+  CHECK(parsed.families.at("kvfuse_tier_capacity_bytes").samples.size() == 2);  // both tiers have one
+  CHECK(parsed.families.at("kvfuse_tier_retired_bytes").samples.size() == 1);   // memory only
   CHECK(parsed.families.at("kvfuse_tier_io_errors_total").samples.size() == 1);  // disk only
   // The literal spelling of one sample: labels sorted by name.
   CHECK(out.find("\nkvfuse_tier_hits_total{rank=\"0\",tier=\"disk\"} 22\n") != std::string::npos);

@@ -162,50 +162,47 @@ TEST_CASE("memory tier threads: concurrent put/get/erase with held views always 
   CHECK(source.live.load() == 0);
 }
 
-TEST_CASE("disk tier threads: concurrent put/get/erase never tear an entry and a restart reads them all back") {
+namespace {
+
+// Three threads put, get and erase twelve keys at random on `tier`; returns how many calls
+// saw something other than a whole entry of their own key (or a miss).
+long hammer_disk_tier(DiskTier& tier, std::size_t base) {
   constexpr int threads = 3;
   constexpr int ops = 300;
   constexpr std::uint64_t keys = 12;
-  constexpr std::size_t base = 1024;
-
-  TempDir dir;
   std::atomic<long> bad{0};
-  {
-    DiskTier tier(dir.path);
-    std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] {
-        Rng rng{static_cast<std::uint64_t>(t) + 100};
-        std::vector<std::byte> payload;
-        std::vector<std::byte> staging(8192);
-        for (int i = 0; i < ops; ++i) {
-          const std::uint64_t hash = rng.next() % keys;
-          const std::uint64_t op = rng.next() % 10;
-          if (op < 4) {
-            fill(payload, hash, (static_cast<std::uint64_t>(t) << 32) | static_cast<std::uint64_t>(i), base);
-            if (!tier.put(key_of(hash), payload)) bad.fetch_add(1);
-          } else if (op < 9) {
-            const TierView v = tier.get(key_of(hash), staging);
-            if (v.hit() ? !valid(v.bytes(), hash, base) : v.status() != GetStatus::miss) bad.fetch_add(1);
-          } else {
-            (void)tier.erase(key_of(hash));
-          }
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      Rng rng{static_cast<std::uint64_t>(t) + 100};
+      std::vector<std::byte> payload;
+      std::vector<std::byte> staging(8192);
+      for (int i = 0; i < ops; ++i) {
+        const std::uint64_t hash = rng.next() % keys;
+        const std::uint64_t op = rng.next() % 10;
+        if (op < 4) {
+          fill(payload, hash, (static_cast<std::uint64_t>(t) << 32) | static_cast<std::uint64_t>(i), base);
+          if (!tier.put(key_of(hash), payload)) bad.fetch_add(1);
+        } else if (op < 9) {
+          const TierView v = tier.get(key_of(hash), staging);
+          if (v.hit() ? !valid(v.bytes(), hash, base) : v.status() != GetStatus::miss) bad.fetch_add(1);
+        } else {
+          (void)tier.erase(key_of(hash));
         }
-      });
-    }
-    for (auto& th : pool) th.join();
-    const auto s = tier.stats();
-    CHECK(bad.load() == 0);
-    CHECK(s.get_failures == 0);
-    CHECK(s.quarantined == 0);
-    CHECK(s.io_errors == 0);
+      }
+    });
   }
+  for (auto& th : pool) th.join();
+  return bad.load();
+}
 
-  DiskTier reopened(dir.path);
+// Reopens `dir` and checks that every entry it holds is whole; returns how many it holds.
+std::size_t check_reopened(const fs::path& dir, std::size_t base, DiskTierOptions options = {}) {
+  DiskTier reopened(dir, options);
   CHECK(reopened.stats().quarantined == 0);
   std::vector<std::byte> staging(8192);
   std::size_t present = 0;
-  for (std::uint64_t h = 0; h < keys; ++h) {
+  for (std::uint64_t h = 0; h < 12; ++h) {
     const TierView v = reopened.get(key_of(h), staging);
     if (v.hit()) {
       ++present;
@@ -215,4 +212,40 @@ TEST_CASE("disk tier threads: concurrent put/get/erase never tear an entry and a
     }
   }
   CHECK(present == reopened.stats().entries);
+  return present;
+}
+
+}  // namespace
+
+TEST_CASE("disk tier threads: concurrent put/get/erase never tear an entry and a restart reads them all back") {
+  constexpr std::size_t base = 1024;
+  TempDir dir;
+  {
+    DiskTier tier(dir.path);
+    CHECK(hammer_disk_tier(tier, base) == 0);
+    const auto s = tier.stats();
+    CHECK(s.get_failures == 0);
+    CHECK(s.quarantined == 0);
+    CHECK(s.io_errors == 0);
+    CHECK(s.evictions == 0);
+  }
+  check_reopened(dir.path, base);
+}
+
+TEST_CASE("disk tier threads: with a capacity, concurrent puts evict and never tear an entry or exceed the capacity") {
+  constexpr std::size_t base = 1024;
+  DiskTierOptions options;
+  options.capacity_bytes = 4 * base;  // four of the twelve keys fit
+  TempDir dir;
+  {
+    DiskTier tier(dir.path, options);
+    CHECK(hammer_disk_tier(tier, base) == 0);
+    const auto s = tier.stats();
+    CHECK(s.evictions > 0);
+    CHECK(s.bytes <= *options.capacity_bytes);
+    CHECK(s.get_failures == 0);
+    CHECK(s.quarantined == 0);
+    CHECK(s.io_errors == 0);
+  }
+  CHECK(check_reopened(dir.path, base, options) <= 4);
 }

@@ -14,6 +14,11 @@
 // `quarantine/` and counted, never served. Leftover `.tmp-*` files (a put interrupted by a
 // crash) are deleted: they were never published.
 //
+// Capacity: with DiskTierOptions::capacity_bytes a put that would go over it evicts the least
+// recently used entries (their files are deleted). Recency is kept where a restart finds it:
+// a hit sets the file's modification time, and the opening scan orders the catalogue by those
+// times, so a restart keeps both the budget and the order.
+//
 // Locking: one mutex guards the catalogue; it is never held across file I/O. Counters are
 // atomics. Reads and writes use POSIX calls on a directory descriptor opened once, so a get
 // builds its file name on the stack and never allocates.
@@ -24,12 +29,16 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <ctime>
 #include <filesystem>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -61,19 +70,27 @@ struct DiskTierOptions {
   /// checks headers and lengths only and leaves payload corruption to be caught (and
   /// quarantined) by the get that reads it: faster restarts over very large directories.
   bool verify_payloads_on_open = true;
+  /// The most payload bytes the tier keeps. A put that would go over it evicts the least
+  /// recently used entries (by their last put or hit) until it fits; a put larger than the
+  /// whole capacity fails (counted) and writes nothing. An opening scan that finds more than
+  /// this (the capacity was lowered) evicts the oldest down to it. Unset: no limit, nothing
+  /// is evicted. 0 is refused at construction: Error(invalid_argument) naming it.
+  std::optional<std::uint64_t> capacity_bytes{};
 };
 
 /// Counters of a DiskTier. `entries` and `bytes` describe the catalogue now; the rest
 /// count events since this object was constructed (the opening scan included).
 struct DiskTierStats {
   std::size_t entries = 0;
-  std::uint64_t bytes = 0;          ///< payload bytes of the entries in the catalogue
+  std::uint64_t bytes = 0;          ///< payload bytes of the entries in the catalogue; <= capacity
+  std::uint64_t capacity = 0;       ///< DiskTierOptions::capacity_bytes (0: no limit)
+  std::uint64_t evictions = 0;      ///< entries deleted to keep within the capacity (not erases)
   std::uint64_t hits = 0;
   std::uint64_t misses = 0;
   std::uint64_t get_failures = 0;   ///< gets that returned failed (too big for staging, I/O, corrupt)
   std::uint64_t quarantined = 0;    ///< files moved to quarantine/ (at open or at read time)
   std::uint64_t puts = 0;           ///< successful puts
-  std::uint64_t put_failures = 0;
+  std::uint64_t put_failures = 0;   ///< I/O failed (a full disk), larger than the capacity, no file name
   std::uint64_t io_errors = 0;      ///< failed system calls (open, read, write, rename, ...)
 };
 
@@ -92,10 +109,13 @@ class DiskTier {
  public:
   /// Opens (creating if missing) `directory`, makes `quarantine/` in it, and rebuilds the
   /// catalogue by scanning it. Throws Error(io_failure) naming the path when the directory
-  /// cannot be created, opened or written.
+  /// cannot be created, opened or written, and Error(invalid_argument) for a capacity of 0.
   explicit DiskTier(std::filesystem::path directory, DiskTierOptions options = {})
       : directory_(std::move(directory)), options_(options) {
     namespace fs = std::filesystem;
+    if (options_.capacity_bytes && *options_.capacity_bytes == 0)
+      throw Error(ErrorCode::invalid_argument,
+                  "DiskTier capacity_bytes must be > 0, got 0 (directory '" + directory_.string() + "')");
     std::error_code ec;
     fs::create_directories(directory_, ec);
     if (ec) fail_open("cannot be created", ec);
@@ -151,17 +171,26 @@ class DiskTier {
       quarantine_open_file(fd.get(), name, key);
       return counted_failure(false);
     }
+    if (options_.capacity_bytes) {
+      // The restart's recency order; a failure only makes this entry look older.
+      const auto times = stamp();
+      if (::futimens(fd.get(), times.data()) != 0) io_errors_.fetch_add(1, std::memory_order_relaxed);
+      touch(key);
+    }
     hits_.fetch_add(1, std::memory_order_relaxed);
     return TierView(payload);
   }
 
-  /// Writes `bytes` as the entry for `key`, atomically replacing any previous one. False
-  /// (counted) on an I/O error or a key kind that has no file name. Any thread; noexcept.
-  /// Concurrent puts of one key leave one of them, whole. Blocks on file I/O with no lock
-  /// held; allocates only when the key is new to the catalogue (a map node).
+  /// Writes `bytes` as the entry for `key`, atomically replacing any previous one, and
+  /// evicts least recently used entries to stay within the capacity. False (counted) on an
+  /// I/O error (a full disk: the temporary file is removed, the previous entry stays), an
+  /// entry larger than the capacity, or a key kind that has no file name. Any thread;
+  /// noexcept. Concurrent puts of one key leave one of them, whole. Blocks on file I/O with
+  /// no lock held; allocates only when the key is new to the catalogue (its nodes).
   bool put(const TierKey& key, std::span<const std::byte> bytes) noexcept {
     char name[64];
     if (!detail::disk::format_name(key, name)) return counted_put_failure(false);
+    if (options_.capacity_bytes && bytes.size() > *options_.capacity_bytes) return counted_put_failure(false);
     const detail::disk::HeaderBytes header = detail::disk::encode_entry_header(key, bytes);
 
     char temp[96];
@@ -169,18 +198,23 @@ class DiskTier {
     const std::span<const std::byte> parts[] = {header, bytes};
     if (!detail::posix::publish_file(dir_.get(), temp, name, parts, options_.durable)) return counted_put_failure(true);
     if (options_.durable && ::fsync(dir_.get()) != 0) io_errors_.fetch_add(1, std::memory_order_relaxed);
+    if (options_.capacity_bytes) {  // the file's own time is coarse (a clock tick): stamp it finely
+      const auto times = stamp();
+      // ENOENT: an erase or an eviction took the file since the rename; nothing to order.
+      if (::utimensat(dir_.get(), name, times.data(), AT_SYMLINK_NOFOLLOW) != 0 && errno != ENOENT)
+        io_errors_.fetch_add(1, std::memory_order_relaxed);
+    }
     {
       std::lock_guard lock(mutex_);
       try {
-        const auto [it, inserted] = catalogue_.try_emplace(key, bytes.size());
-        if (!inserted) bytes_ -= std::exchange(it->second, bytes.size());
-        bytes_ += bytes.size();
+        remember(key, bytes.size());
       } catch (...) {  // bad_alloc: the file is whole on disk and the next open adopts it
         put_failures_.fetch_add(1, std::memory_order_relaxed);
         return false;
       }
     }
     puts_.fetch_add(1, std::memory_order_relaxed);
+    evict_to_capacity();
     return true;
   }
 
@@ -194,9 +228,7 @@ class DiskTier {
   /// catalogue. Any thread; noexcept.
   bool erase(const TierKey& key) noexcept {
     if (!forget(key)) return false;
-    char name[64];
-    detail::disk::format_name(key, name);
-    if (::unlinkat(dir_.get(), name, 0) != 0 && errno != ENOENT) io_errors_.fetch_add(1, std::memory_order_relaxed);
+    delete_file(key);
     return true;
   }
 
@@ -207,7 +239,7 @@ class DiskTier {
     std::vector<TierKey> out;
     std::lock_guard lock(mutex_);
     out.reserve(catalogue_.size());
-    for (const auto& [key, bytes] : catalogue_)
+    for (const auto& [key, entry] : catalogue_)
       if (key.kind == kind) out.push_back(key);
     return out;
   }
@@ -220,6 +252,8 @@ class DiskTier {
       s.entries = catalogue_.size();
       s.bytes = bytes_;
     }
+    s.capacity = options_.capacity_bytes.value_or(0);
+    s.evictions = evictions_.load(std::memory_order_relaxed);
     s.hits = hits_.load(std::memory_order_relaxed);
     s.misses = misses_.load(std::memory_order_relaxed);
     s.get_failures = get_failures_.load(std::memory_order_relaxed);
@@ -275,9 +309,89 @@ class DiskTier {
     std::lock_guard lock(mutex_);
     const auto it = catalogue_.find(key);
     if (it == catalogue_.end()) return false;
-    bytes_ -= it->second;
+    bytes_ -= it->second.bytes;
+    recency_.erase(it->second.recency);
     catalogue_.erase(it);
     return true;
+  }
+
+  // Adds or replaces `key` as the most recently used entry. Caller holds mutex_ (or is the
+  // constructor). Throws only bad_alloc, before changing anything.
+  void remember(const TierKey& key, std::uint64_t bytes) {
+    const auto it = catalogue_.find(key);
+    if (it != catalogue_.end()) {
+      bytes_ -= std::exchange(it->second.bytes, bytes);
+      recency_.splice(recency_.begin(), recency_, it->second.recency);
+    } else {
+      recency_.push_front(key);
+      try {
+        catalogue_.emplace(key, Entry{bytes, recency_.begin()});
+      } catch (...) {
+        recency_.pop_front();
+        throw;
+      }
+    }
+    bytes_ += bytes;
+  }
+
+  // File times for "used now": the access time left alone, the modification time the wall
+  // clock in nanoseconds, made strictly increasing within this object so that two uses in one
+  // clock tick keep their order across a restart.
+  std::array<timespec, 2> stamp() noexcept {
+    timespec now {};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    const std::int64_t wall = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+    std::int64_t last = last_stamp_.load(std::memory_order_relaxed);
+    std::int64_t next = 0;
+    do {
+      next = std::max(wall, last + 1);
+    } while (!last_stamp_.compare_exchange_weak(last, next, std::memory_order_relaxed));
+    std::array<timespec, 2> times{};
+    times[0].tv_nsec = UTIME_OMIT;
+    times[1].tv_sec = static_cast<time_t>(next / 1'000'000'000);
+    times[1].tv_nsec = static_cast<long>(next % 1'000'000'000);
+    return times;
+  }
+
+  // Marks `key` most recently used, if it is still in the catalogue.
+  void touch(const TierKey& key) noexcept {
+    std::lock_guard lock(mutex_);
+    const auto it = catalogue_.find(key);
+    if (it != catalogue_.end()) recency_.splice(recency_.begin(), recency_, it->second.recency);
+  }
+
+  // Deletes least recently used entries until the catalogue fits the capacity. Victims are
+  // taken out of the catalogue under the lock a batch at a time and their files deleted
+  // after it is released, so no allocation and no I/O under the lock. A put of a victim's
+  // key racing with its deletion can lose its new file: the catalogue then names a file
+  // that is gone, and the next get of it misses and forgets it (never wrong bytes).
+  void evict_to_capacity() noexcept {
+    if (!options_.capacity_bytes) return;
+    const std::uint64_t capacity = *options_.capacity_bytes;
+    for (;;) {
+      TierKey victims[16];
+      std::size_t n = 0;
+      {
+        std::lock_guard lock(mutex_);
+        while (bytes_ > capacity && n < std::size(victims) && !recency_.empty()) {
+          const TierKey victim = recency_.back();
+          const auto it = catalogue_.find(victim);
+          bytes_ -= it->second.bytes;
+          catalogue_.erase(it);
+          recency_.pop_back();
+          victims[n++] = victim;
+        }
+      }
+      for (std::size_t i = 0; i < n; ++i) delete_file(victims[i]);
+      evictions_.fetch_add(n, std::memory_order_relaxed);
+      if (n < std::size(victims)) return;
+    }
+  }
+
+  void delete_file(const TierKey& key) noexcept {
+    char name[64];
+    detail::disk::format_name(key, name);
+    if (::unlinkat(dir_.get(), name, 0) != 0 && errno != ENOENT) io_errors_.fetch_add(1, std::memory_order_relaxed);
   }
 
   // Reads and validates the header of an open file against the key it must hold and the
@@ -332,6 +446,12 @@ class DiskTier {
     }
     if (ec) fail_open("cannot be listed", ec);
 
+    struct Found {
+      TierKey key;
+      std::uint64_t bytes;
+      std::int64_t seconds, nanoseconds;  // last put or hit
+    };
+    std::vector<Found> found;
     std::unique_ptr<std::byte[]> buffer;  // for streaming payload checksums
     constexpr std::size_t buffer_bytes = std::size_t{1} << 20;
     for (const std::string& name : names) {
@@ -363,9 +483,17 @@ class DiskTier {
         quarantine(name.c_str());
         continue;
       }
-      catalogue_.emplace(*key, header.payload_bytes);
-      bytes_ += header.payload_bytes;
+      struct stat st {};
+      if (::fstat(fd.get(), &st) != 0) io_errors_.fetch_add(1, std::memory_order_relaxed);
+      found.push_back({*key, header.payload_bytes, static_cast<std::int64_t>(st.st_mtim.tv_sec),
+                       static_cast<std::int64_t>(st.st_mtim.tv_nsec)});
     }
+    // Oldest first, so the newest ends at the front of the recency list.
+    std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+      return a.seconds != b.seconds ? a.seconds < b.seconds : a.nanoseconds < b.nanoseconds;
+    });
+    for (const Found& f : found) remember(f.key, f.bytes);
+    evict_to_capacity();
   }
 
   static Check verify_payload(int fd, const detail::disk::Header& header, std::byte* buffer, std::size_t size) noexcept {
@@ -391,12 +519,18 @@ class DiskTier {
   std::uint64_t nonce_ = 0;
   std::atomic<std::uint64_t> counter_{0};
 
+  struct Entry {
+    std::uint64_t bytes;                      // payload bytes
+    std::list<TierKey>::iterator recency;     // its node in recency_
+  };
   mutable std::mutex mutex_;
-  std::unordered_map<TierKey, std::uint64_t> catalogue_;  // key -> payload bytes; guarded by mutex_
-  std::uint64_t bytes_ = 0;                               // guarded by mutex_
+  std::unordered_map<TierKey, Entry> catalogue_;  // guarded by mutex_
+  std::list<TierKey> recency_;                    // most recently used first; guarded by mutex_
+  std::uint64_t bytes_ = 0;                       // guarded by mutex_
 
   std::atomic<std::uint64_t> hits_{0}, misses_{0}, get_failures_{0}, quarantined_{0}, puts_{0}, put_failures_{0},
-      io_errors_{0};
+      io_errors_{0}, evictions_{0};
+  std::atomic<std::int64_t> last_stamp_{0};  // the last file time stamp() gave, in ns
 };
 
 static_assert(Tier<DiskTier>);

@@ -6,11 +6,11 @@
 //
 // The SlotCache is a template over its tier; one TierStack type serves every combination
 // through a small virtual interface, so the three models are compiled once each rather than
-// once per combination. The disk tier has no eviction of its own: --kvfuse-disk-size is a
-// budget above which its puts are refused (counted in disk_refused), never a wrong entry.
+// once per combination. --kvfuse-disk-size is the disk tier's own capacity: beyond it the
+// least recently used files are deleted (DiskTierOptions::capacity_bytes), and a restart
+// keeps that order.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -37,7 +37,7 @@ namespace kvfuse::llama_server {
 struct TierStackOptions {
   std::size_t memory_bytes = std::size_t{256} << 20;  ///< the memory tier's capacity
   std::optional<std::filesystem::path> disk;          ///< a disk tier in this directory
-  std::optional<std::size_t> disk_bytes;              ///< the disk tier's budget (none: unbounded)
+  std::optional<std::size_t> disk_bytes;              ///< the disk tier's capacity (none: unbounded)
   std::optional<std::string> redis;                   ///< a Redis server at this address, or `cluster:` and seeds, last
   std::string redis_prefix = "kvfuse-llama-server:";  ///< every Redis key starts with it
 };
@@ -45,7 +45,7 @@ struct TierStackOptions {
 /// Counters of a TierStack, for /metrics. Plain data.
 struct TierStackStats {
   MemoryTierStats memory;
-  std::uint64_t disk_entries = 0, disk_bytes = 0, disk_refused = 0;
+  std::uint64_t disk_entries = 0, disk_bytes = 0, disk_evictions = 0;
   bool has_disk = false, has_redis = false, redis_cluster = false;
   std::uint64_t redis_hits = 0, redis_misses = 0, redis_failures = 0, redis_timeouts = 0, redis_put_failures = 0;
 };
@@ -56,10 +56,12 @@ struct TierStackStats {
 /// (io_failure), a Redis asked of a build without hiredis (invalid_argument).
 class TierStack {
  public:
-  explicit TierStack(const TierStackOptions& o) : memory_(o.memory_bytes), disk_budget_(o.disk_bytes) {
+  explicit TierStack(const TierStackOptions& o) : memory_(o.memory_bytes) {
     if (o.disk) {
       try {
-        disk_ = std::make_unique<DiskTier>(*o.disk);
+        DiskTierOptions d;
+        d.capacity_bytes = o.disk_bytes;
+        disk_ = std::make_unique<DiskTier>(*o.disk, d);
       } catch (const Error& e) {
         throw Error(ErrorCode::io_failure, "--kvfuse-disk " + o.disk->string() + ": " + e.what());
       }
@@ -89,10 +91,10 @@ class TierStack {
 #endif
     }
     if (disk_ && redis_) {
-      disk_redis_ = std::make_unique<TieredTier<BudgetedDisk, Redis>>(budgeted_, redis_link_);
-      chain_ = std::make_unique<Chain<TieredTier<MemoryTier<>, TieredTier<BudgetedDisk, Redis>>>>(memory_, *disk_redis_);
+      disk_redis_ = std::make_unique<TieredTier<DiskTier, Redis>>(*disk_, redis_link_);
+      chain_ = std::make_unique<Chain<TieredTier<MemoryTier<>, TieredTier<DiskTier, Redis>>>>(memory_, *disk_redis_);
     } else if (disk_) {
-      chain_ = std::make_unique<Chain<TieredTier<MemoryTier<>, BudgetedDisk>>>(memory_, budgeted_);
+      chain_ = std::make_unique<Chain<TieredTier<MemoryTier<>, DiskTier>>>(memory_, *disk_);
     } else if (redis_) {
       chain_ = std::make_unique<Chain<TieredTier<MemoryTier<>, Redis>>>(memory_, redis_link_);
     } else {
@@ -120,7 +122,7 @@ class TierStack {
       s.has_disk = true;
       s.disk_entries = d.entries;
       s.disk_bytes = d.bytes;
-      s.disk_refused = budgeted_.refused.load(std::memory_order_relaxed);
+      s.disk_evictions = d.evictions;
     }
 #if KVFUSE_LLAMA_SERVER_REDIS
     if (redis_) {
@@ -174,23 +176,6 @@ class TierStack {
   };
 #endif
 
-  // The disk tier under its budget: a put that would take it past the budget is refused.
-  struct BudgetedDisk {
-    TierStack* s;
-    mutable std::atomic<std::uint64_t> refused{0};
-    TierView get(const TierKey& k, std::span<std::byte> staging) noexcept { return s->disk_->get(k, staging); }
-    bool put(const TierKey& k, std::span<const std::byte> bytes) noexcept {
-      if (s->disk_budget_ && s->disk_->stats().bytes + bytes.size() > *s->disk_budget_) {
-        refused.fetch_add(1, std::memory_order_relaxed);
-        return false;
-      }
-      return s->disk_->put(k, bytes);
-    }
-    bool contains(const TierKey& k) const noexcept { return s->disk_->contains(k); }
-    bool erase(const TierKey& k) noexcept { return s->disk_->erase(k); }
-    std::vector<TierKey> keys(EntryKind kind) const { return s->disk_->keys(kind); }
-  };
-
   // The Redis tier behind another, asked one entry at a time: TieredTier refuses a batched
   // back (it would silently lose the batching), so the loss is spelled out here. Behind the
   // memory tier most hits never reach it.
@@ -233,12 +218,10 @@ class TierStack {
   };
 
   MemoryTier<> memory_;
-  std::optional<std::size_t> disk_budget_;
   std::unique_ptr<DiskTier> disk_;
   std::unique_ptr<RedisImpl> redis_;
-  BudgetedDisk budgeted_{this};
   Redis redis_link_{this};
-  std::unique_ptr<TieredTier<BudgetedDisk, Redis>> disk_redis_;
+  std::unique_ptr<TieredTier<DiskTier, Redis>> disk_redis_;
   std::unique_ptr<Link> chain_;
 };
 

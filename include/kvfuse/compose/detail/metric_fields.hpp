@@ -241,7 +241,7 @@ inline constexpr std::string_view tier_prefix = "kvfuse_tier";
 inline constexpr Field<MemoryTierStats> memory_tier_fields[] = {
     gauge<&MemoryTierStats::entries>("entries", "Entries in the tier's catalogue."),
     gauge<&MemoryTierStats::bytes>("bytes", "Payload bytes in the tier's catalogue."),
-    gauge<&MemoryTierStats::capacity>("capacity_bytes", "The tier's byte capacity."),
+    gauge<&MemoryTierStats::capacity>("capacity_bytes", "The tier's byte capacity (disk: 0 when it has none)."),
     gauge<&MemoryTierStats::retired_bytes>("retired_bytes", "Bytes unlinked from the catalogue but still pinned by live views."),
     counter<&MemoryTierStats::hits>("hits", "Gets that found their entry."),
     counter<&MemoryTierStats::misses>("misses", "Gets that found no entry."),
@@ -252,9 +252,11 @@ inline constexpr Field<MemoryTierStats> memory_tier_fields[] = {
 inline constexpr Field<DiskTierStats> disk_tier_fields[] = {
     gauge<&DiskTierStats::entries>("entries", "Entries in the tier's catalogue."),
     gauge<&DiskTierStats::bytes>("bytes", "Payload bytes in the tier's catalogue."),
+    gauge<&DiskTierStats::capacity>("capacity_bytes", "The tier's byte capacity (disk: 0 when it has none)."),
     counter<&DiskTierStats::hits>("hits", "Gets that found their entry."),
     counter<&DiskTierStats::misses>("misses", "Gets that found no entry."),
     counter<&DiskTierStats::get_failures>("get_failures", "Gets that failed (disk: too big for staging, I/O error or corrupt file; redis: I/O or server error, no connection)."),
+    counter<&DiskTierStats::evictions>("evictions", "Entries evicted to make room."),
     counter<&DiskTierStats::quarantined>("quarantined", "Files moved to quarantine."),
     counter<&DiskTierStats::puts>("puts", "Successful puts."),
     counter<&DiskTierStats::put_failures>("put_failures", "Puts that failed."),

@@ -1,12 +1,18 @@
 // kvfuse-llama-server's own flags (backend_flags.hpp): taken out of argv, every other
 // argument left for llama-server in order, and each bad value refused with a message that
-// names the flag and the value.
+// names the flag and the value; and the tiers they build (tier_stack.hpp).
 #include <doctest/doctest.h>
 
+#include <stdlib.h>
+
+#include <cstddef>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "../backend_flags.hpp"
+#include "../tier_stack.hpp"
 
 using kvfuse::Error;
 using kvfuse::llama_server::BackendFlags;
@@ -81,4 +87,36 @@ TEST_CASE("bad flags are refused naming the flag and the value") {
   CHECK(refusal({"server", "--kvfuse-memory"}).find("--kvfuse-memory: needs a value") != std::string::npos);
   CHECK(refusal({"server", "--kvfuse-memory", "1M", "--kvfuse-memory", "2M"}).find("--kvfuse-memory 2M: given twice") != std::string::npos);
   CHECK(refusal({"server", "--kvfuse-disk-size", "1G"}).find("needs --kvfuse-disk") != std::string::npos);
+}
+
+TEST_CASE("--kvfuse-disk-size is the disk tier's capacity: beyond it the least recently used files go") {
+  std::string templ = (std::filesystem::temp_directory_path() / "kvfuse-tier-stack-XXXXXX").string();
+  REQUIRE(::mkdtemp(templ.data()) != nullptr);
+  const std::filesystem::path dir = templ;
+  Argv a({"server", "--kvfuse-memory", "1MiB", "--kvfuse-disk", dir.string(), "--kvfuse-disk-size", "8KiB"});
+  const BackendFlags f = take_backend_flags(a.argc, a.ptrs.data());
+  kvfuse::llama_server::TierStackOptions o;
+  o.memory_bytes = *f.memory_bytes;
+  o.disk = f.disk;
+  o.disk_bytes = f.disk_bytes;
+  {
+    kvfuse::llama_server::TierStack tiers(o);
+    const std::vector<std::byte> chunk(3000, std::byte{7});
+    for (std::uint64_t h = 1; h <= 4; ++h) {
+      kvfuse::TierKey k;
+      k.hash = kvfuse::PrefixHash{h};
+      REQUIRE(tiers.put(k, chunk));  // written through to the disk, which keeps two
+    }
+    const auto s = tiers.stats();
+    CHECK(s.has_disk);
+    CHECK(s.disk_entries == 2);
+    CHECK(s.disk_bytes == 6000);
+    CHECK(s.disk_evictions == 2);
+    CHECK(s.memory.entries == 4);  // the memory tier has its own budget
+  }
+  kvfuse::DiskTierOptions reopened_options;
+  reopened_options.capacity_bytes = 8192;
+  CHECK(kvfuse::DiskTier(dir, reopened_options).stats().entries == 2);  // what a restart finds
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
