@@ -215,15 +215,19 @@ class RedisCluster {
     ::close(fd);
     return ok;
   }
-  // Ports whose cluster bus port (+10000) is free too.
-  static std::vector<int> free_ports(int n) {
+  // n ports whose cluster bus port (+10000) is free too, clear of `taken` and of each other.
+  static std::vector<int> free_ports(int n, const std::vector<int>& taken = {}) {
     std::mt19937 pick(static_cast<std::uint32_t>(::getpid()) ^ static_cast<std::uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
     std::vector<int> out;
+    const auto clear = [&](int p) {
+      for (int q : {p, p - 10000, p + 10000})
+        if (std::find(out.begin(), out.end(), q) != out.end() || std::find(taken.begin(), taken.end(), q) != taken.end())
+          return false;
+      return true;
+    };
     for (int tries = 0; static_cast<int>(out.size()) < n && tries < 10000; ++tries) {
       const int p = 20000 + static_cast<int>(pick() % 25000);
-      if (std::find(out.begin(), out.end(), p) == out.end() && std::find(out.begin(), out.end(), p - 10000) == out.end() &&
-          std::find(out.begin(), out.end(), p + 10000) == out.end() && bindable(p) && bindable(p + 10000))
-        out.push_back(p);
+      if (clear(p) && bindable(p) && bindable(p + 10000)) out.push_back(p);
     }
     if (static_cast<int>(out.size()) < n) throw std::runtime_error("no free loopback ports for the cluster");
     return out;
@@ -262,11 +266,7 @@ class RedisCluster {
       nodes_.pop_back();
       std::vector<int> taken;
       for (const Node& other : nodes_) taken.push_back(other.port);
-      do {
-        port = free_ports(1).front();
-      } while (std::find(taken.begin(), taken.end(), port) != taken.end() ||
-               std::find(taken.begin(), taken.end(), port + 10000) != taken.end() ||
-               std::find(taken.begin(), taken.end(), port - 10000) != taken.end());
+      port = free_ports(1, taken).front();
     }
   }
 

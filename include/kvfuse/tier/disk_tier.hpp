@@ -340,7 +340,7 @@ class DiskTier {
   std::array<timespec, 2> stamp() noexcept {
     timespec now {};
     ::clock_gettime(CLOCK_REALTIME, &now);
-    const std::int64_t wall = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+    const std::int64_t wall = nanoseconds(now);
     std::int64_t last = last_stamp_.load(std::memory_order_relaxed);
     std::int64_t next = 0;
     do {
@@ -351,6 +351,10 @@ class DiskTier {
     times[1].tv_sec = static_cast<time_t>(next / 1'000'000'000);
     times[1].tv_nsec = static_cast<long>(next % 1'000'000'000);
     return times;
+  }
+
+  static std::int64_t nanoseconds(const timespec& t) noexcept {
+    return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
   }
 
   // Marks `key` most recently used, if it is still in the catalogue.
@@ -449,7 +453,7 @@ class DiskTier {
     struct Found {
       TierKey key;
       std::uint64_t bytes;
-      std::int64_t seconds, nanoseconds;  // last put or hit
+      std::int64_t used;  // last put or hit, ns (the file's modification time)
     };
     std::vector<Found> found;
     std::unique_ptr<std::byte[]> buffer;  // for streaming payload checksums
@@ -485,13 +489,10 @@ class DiskTier {
       }
       struct stat st {};
       if (::fstat(fd.get(), &st) != 0) io_errors_.fetch_add(1, std::memory_order_relaxed);
-      found.push_back({*key, header.payload_bytes, static_cast<std::int64_t>(st.st_mtim.tv_sec),
-                       static_cast<std::int64_t>(st.st_mtim.tv_nsec)});
+      found.push_back({*key, header.payload_bytes, nanoseconds(st.st_mtim)});
     }
     // Oldest first, so the newest ends at the front of the recency list.
-    std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
-      return a.seconds != b.seconds ? a.seconds < b.seconds : a.nanoseconds < b.nanoseconds;
-    });
+    std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.used < b.used; });
     for (const Found& f : found) remember(f.key, f.bytes);
     evict_to_capacity();
   }

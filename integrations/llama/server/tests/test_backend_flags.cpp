@@ -3,16 +3,13 @@
 // names the flag and the value; and the tiers they build (tier_stack.hpp).
 #include <doctest/doctest.h>
 
-#include <stdlib.h>
-
 #include <cstddef>
-#include <filesystem>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "../backend_flags.hpp"
 #include "../tier_stack.hpp"
+#include "test_support.hpp"  // tests/: TempDir
 
 using kvfuse::Error;
 using kvfuse::llama_server::BackendFlags;
@@ -90,9 +87,8 @@ TEST_CASE("bad flags are refused naming the flag and the value") {
 }
 
 TEST_CASE("--kvfuse-disk-size is the disk tier's capacity: beyond it the least recently used files go") {
-  std::string templ = (std::filesystem::temp_directory_path() / "kvfuse-tier-stack-XXXXXX").string();
-  REQUIRE(::mkdtemp(templ.data()) != nullptr);
-  const std::filesystem::path dir = templ;
+  const kvfuse::testing::TempDir temp("kvfuse-tier-stack");
+  const auto& dir = temp.path;
   Argv a({"server", "--kvfuse-memory", "1MiB", "--kvfuse-disk", dir.string(), "--kvfuse-disk-size", "8KiB"});
   const BackendFlags f = take_backend_flags(a.argc, a.ptrs.data());
   kvfuse::llama_server::TierStackOptions o;
@@ -117,6 +113,4 @@ TEST_CASE("--kvfuse-disk-size is the disk tier's capacity: beyond it the least r
   kvfuse::DiskTierOptions reopened_options;
   reopened_options.capacity_bytes = 8192;
   CHECK(kvfuse::DiskTier(dir, reopened_options).stats().entries == 2);  // what a restart finds
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
 }
