@@ -97,12 +97,14 @@ struct Engine {
   std::vector<std::unique_ptr<Rank<Conn>>> ranks;
   Transport<Conn> transport{&ranks};
   Lookup<Conn> lookup{&ranks};
-  Coordinator<TpQuorum, Transport<Conn>, Lookup<Conn>> coord{
-      CoordinatorOptions{Conn::layout, PlanGrids{16, 64}, 0, 64, harness_policy()}, index, pump, transport, lookup};
+  Coordinator<TpQuorum, Transport<Conn>, Lookup<Conn>> coord;
   std::vector<Unpark> unparked;
   std::vector<Freed> freed;
 
-  Engine() {
+  /// The harness's options: its grids (16-token blocks, 64-token chunks) and policy.
+  static CoordinatorOptions options() { return CoordinatorOptions{Conn::layout, PlanGrids{16, 64}, 0, 64, harness_policy()}; }
+
+  explicit Engine(CoordinatorOptions o = options()) : coord(o, index, pump, transport, lookup) {
     for (std::uint32_t r = 0; r < kWorld; ++r) ranks.push_back(std::make_unique<Rank<Conn>>(rt, r, group));
   }
   ~Engine() {

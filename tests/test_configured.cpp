@@ -176,6 +176,7 @@ TEST_CASE("configured: a plain dense offload config") {
   DeploymentOptions o = dense_options();
   o.engine.connector = " kvfuse ";
   o.min_load_tokens = 32;
+  o.break_even = BreakEven::from_bandwidth(20.0, 1e9, 5000, 2048, 0);
   const ConfiguredComposition c = configure(o);
   CHECK(c.preset == Preset::dense);
   CHECK_FALSE(c.is_multi);
@@ -191,6 +192,8 @@ TEST_CASE("configured: a plain dense offload config") {
   CHECK(c.coordinator.layout == StateLayout::none);
   CHECK(c.coordinator.grids == PlanGrids{16, 64});
   CHECK(c.coordinator.min_load_tokens == 32);
+  CHECK(c.coordinator.break_even == o.break_even);
+  CHECK(c.coordinator.break_even.enabled());
 }
 
 TEST_CASE("configured: a DSV4 multi of a P/D sub and the offload sub in alias spellings") {

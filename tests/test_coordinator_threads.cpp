@@ -6,7 +6,10 @@
 #include <kvfuse/engine/index_consistency.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 using namespace kvfuse;
@@ -294,6 +297,57 @@ TEST_CASE("coordinator: bad options are a kvfuse::Error naming the value") {
     CHECK(what.find("layout") != std::string::npos);
     CHECK(what.find("7") != std::string::npos);
   }
+  // A break-even time that is negative, infinite or NaN is refused, naming the field.
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [field, bad_cost] : {std::pair{"recompute_ns_per_token", BreakEven{-1, 0, 0, 0, 0}},
+                                        std::pair{"tier_ns_per_byte", BreakEven{1, inf, 0, 0, 0}},
+                                        std::pair{"tier_latency_ns", BreakEven{1, 0, nan, 0, 0}}}) {
+    CoordinatorOptions o{StateLayout::none, PlanGrids{16, 64}, 0, 8};
+    o.break_even = bad_cost;
+    try {
+      Coordinator<TpQuorum, Transport<Dense>, Lookup<Dense>> bad(o, e.index, e.pump, t, l);
+      FAIL((std::string("a bad break-even time was accepted: ") + field));
+    } catch (const Error& err) {
+      CHECK(err.code() == ErrorCode::invalid_argument);
+      CHECK(std::string(err.what()).find(std::string("break_even.") + field) != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("coordinator: a load slower than recomputing its tokens is not made, and is counted") {
+  // The rank's slice of one 64-token chunk is what the tier moves per chunk; at 1 ns per byte
+  // and 1 ns of prefill per token, a chunk of more than 64 bytes costs more than it spares.
+  const std::uint64_t chunk_bytes = small_geometry(0, kWorld).kv_bytes_per_token * 64;
+  REQUIRE(chunk_bytes > 64);
+  CoordinatorOptions slow = Engine<Dense>::options();
+  slow.break_even = BreakEven{1.0, 1.0, 0, chunk_bytes, 0};
+  Engine<Dense> e(slow);
+  const Prompt p(9, 3);
+  save_prompt(e, RequestId{1}, p, 64);
+  const std::vector<BlockId> blocks = block_range(20, 13);
+  AdmitDecision d = e.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{0}});
+  CHECK_FALSE(d.parked);
+  CHECK(d.reason == ComputeReason::planned_no_load);
+  CHECK(d.no_load == NoLoadReason::slower_than_recompute);
+  CHECK(e.coord.stats().slower_than_recompute == 1);
+  CHECK(e.coord.plan(AdmitRequest{RequestId{3}, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{0}}).load ==
+        LoadPlan{NoLoad{NoLoadReason::slower_than_recompute}});
+  CHECK(e.coord.stats().slower_than_recompute == 1);  // plan() has no side effect, the counter included
+  (void)e.coord.finish(FinishRequest{RequestId{2}, p.tokens, p.keys, blocks, std::nullopt, std::nullopt});
+  REQUIRE(e.step_until([&] { return e.was_freed(RequestId{2}); }));
+
+  // The same tier at 64x the bandwidth: the load pays and is made.
+  CoordinatorOptions fast = slow;
+  fast.break_even.tier_ns_per_byte = 1.0 / 64;
+  Engine<Dense> f(fast);
+  save_prompt(f, RequestId{1}, p, 64);
+  d = f.coord.admit(AdmitRequest{RequestId{2}, p.tokens, 0, p.keys, blocks, p.checkpoints, SlotId{0}});
+  CHECK(d.parked);
+  CHECK(std::holds_alternative<KvOnlyLoad>(d.plan));
+  CHECK(f.coord.stats().slower_than_recompute == 0);
+  REQUIRE(f.step_until([&] { return f.unparks_of(RequestId{2}) == 1; }));
+  (void)f.coord.finish(FinishRequest{RequestId{2}, p.tokens, p.keys, blocks, std::nullopt, std::nullopt});
+  REQUIRE(f.step_until([&] { return f.was_freed(RequestId{2}) && f.index.stats().saves_outstanding == 0; }));
 }
 
 // ---- checkpoints (the hybrid-reuse machinery) ---------------------------------------------

@@ -48,7 +48,13 @@ std::string describe(const PlanInput& in) {
                   std::to_string(in.grids.block_tokens) + "/" + std::to_string(in.grids.chunk_tokens) + " min " +
                   std::to_string(in.min_load_tokens) + " servable {";
   for (const TokenCount b : in.servable_boundaries) s += " " + std::to_string(b);
-  return s + " }";
+  s += " }";
+  if (in.break_even.enabled())
+    s += " cost{recompute " + std::to_string(in.break_even.recompute_ns_per_token) + " ns/token, " +
+         std::to_string(in.break_even.tier_ns_per_byte) + " ns/byte, latency " +
+         std::to_string(in.break_even.tier_latency_ns) + ", chunk " + std::to_string(in.break_even.kv_chunk_bytes) +
+         " B, state " + std::to_string(in.break_even.state_bytes) + " B}";
+  return s;
 }
 
 /// One input, owning its servable list.
@@ -58,6 +64,7 @@ struct Case {
   StateLayout layout = StateLayout::none;
   PlanGrids grids{16, 256};
   TokenCount min_load = 0;
+  BreakEven cost{};
 
   [[nodiscard]] PlanInput input() const {
     PlanInput in;
@@ -68,6 +75,7 @@ struct Case {
     in.layout = layout;
     in.grids = grids;
     in.min_load_tokens = min_load;
+    in.break_even = cost;
     return in;
   }
   [[nodiscard]] LoadPlan plan() const { return plan_load(input()); }
@@ -256,6 +264,65 @@ TEST_CASE("no_load load_too_small when the best load spares fewer than the minim
   CHECK(Case{1000, 256, 512, {400}, StateLayout::k3_recurrent, {16, 256}, 400}.plan() ==
         LoadPlan{JointLoad{256, 512, 400}});
   CHECK(to_string(NoLoadReason::load_too_small) == "load_too_small");
+}
+
+TEST_CASE("no_load slower_than_recompute when every load costs more time than the prefill it spares") {
+  // A tier at 1 ns per byte with 1000-byte chunks: a KV leg of n chunks takes latency + 1000 n ns.
+  const auto costs = [](double recompute, double latency, std::uint64_t chunk_bytes, std::uint64_t state_bytes) {
+    return BreakEven{recompute, 1.0, latency, chunk_bytes, state_bytes};
+  };
+  // Dense, hbm 0, lookup 768: three chunks (3000 ns) against 768 tokens of prefill.
+  Case dense{1000, 0, 768, {}, StateLayout::none, {16, 256}, 0, costs(4.0, 0, 1000, 0)};  // 3072 ns spared
+  CHECK(dense.plan() == LoadPlan{KvOnlyLoad{0, 768}});
+  dense.cost = costs(3.5, 0, 1000, 0);  // 2688 ns spared
+  check_no_load(dense, NoLoadReason::slower_than_recompute);
+  dense.cost = costs(4.0, 100, 1000, 0);  // the round trip tips it: 3100 > 3072
+  check_no_load(dense, NoLoadReason::slower_than_recompute);
+  // From hbm 48 the leg still reads the whole first chunk: 3 chunks for 720 tokens.
+  dense.hbm = 48;
+  dense.cost = costs(4.2, 0, 1000, 0);  // 3024 spared, 3000 cost
+  CHECK(dense.plan() == LoadPlan{KvOnlyLoad{48, 768}});
+  dense.cost = costs(4.1, 0, 1000, 0);  // 2952 spared
+  check_no_load(dense, NoLoadReason::slower_than_recompute);
+
+  for (const StateLayout layout : stateful_layouts) {
+    // A joint load costs the longer leg, not the sum: KV 2 chunks = 2000 ns, state 5000 ns,
+    // against B = 400 tokens. At 12.5 ns per token it pays (5000 <= 5000; the sum, 7000, would not).
+    Case joint{1000, 0, 512, {400}, layout, {16, 256}, 0, costs(12.5, 0, 1000, 5000)};
+    CHECK(joint.plan() == LoadPlan{JointLoad{0, 512, 400}});
+    joint.cost = costs(12.0, 0, 1000, 5000);
+    check_no_load(joint, NoLoadReason::slower_than_recompute);
+    // A lower joint candidate that pays is taken when the higher ones do not, at 16 ns per
+    // token and 4000-byte chunks: B = 700 reads 3 chunks (12000 ns > 11200), B = 400 reads 2
+    // (8000 > 6400), B = 256 reads 1 (4000 <= 4096).
+    Case lower{1000, 0, 768, {256, 400, 700}, layout, {16, 256}, 0, costs(16.0, 0, 4000, 0)};
+    CHECK(lower.plan() == LoadPlan{JointLoad{0, 256, 256}});
+    // A slow KV leg leaves the state-only load, which moves no KV: from hbm 256, joint B = 600
+    // reads 2 chunks of 100000 bytes; the state at 128 (1000 bytes) pays against 128 tokens.
+    Case fallback{1000, 256, 768, {128, 600}, layout, {16, 256}, 0, costs(10.0, 0, 100000, 1000)};
+    CHECK(fallback.plan() == LoadPlan{StateOnlyLoad{128}});
+    fallback.cost = costs(7.0, 0, 100000, 1000);  // 896 < 1000: nothing pays
+    check_no_load(fallback, NoLoadReason::slower_than_recompute);
+    // Rule 5 then weighs what rule 4 left: the paying load spares 128, the minimum asks 129.
+    fallback.cost = costs(10.0, 0, 100000, 1000);
+    fallback.min_load = 129;
+    check_no_load(fallback, NoLoadReason::load_too_small);
+    // Where rule 3 finds no candidate, its own reasons stand.
+    check_no_load(Case{1000, 0, 512, {}, layout, {16, 256}, 0, costs(1.0, 1e9, 1000, 1000)},
+                  NoLoadReason::nothing_servable_above_hbm);
+  }
+
+  // Off: recompute 0 (the default) or NaN: every load pays, however slow the tier.
+  for (const double off : {0.0, std::numeric_limits<double>::quiet_NaN()}) {
+    Case slow{1000, 0, 768, {}, StateLayout::none, {16, 256}, 0, costs(off, 1e12, 1000000, 0)};
+    CHECK_FALSE(slow.cost.enabled());
+    CHECK(slow.plan() == LoadPlan{KvOnlyLoad{0, 768}});
+  }
+  // From a bandwidth: 1 GB/s is 1 ns per byte; an unknown bandwidth (0) reads for free.
+  constexpr BreakEven gbps = BreakEven::from_bandwidth(4.0, 1e9, 100, 1000, 0);
+  static_assert(gbps.tier_ns_per_byte == 1.0 && gbps.kv_leg_ns(3) == 3100.0 && gbps.enabled());
+  static_assert(BreakEven::from_bandwidth(4.0, 0, 100, 1000, 0).kv_leg_ns(3) == 100.0);
+  CHECK(to_string(NoLoadReason::slower_than_recompute) == "slower_than_recompute");
 }
 
 TEST_CASE("to_string names every NoLoadReason distinctly") {
@@ -484,6 +551,29 @@ LoadPlan reference_plan(const PlanInput& in) {
     if (const auto* joint = std::get_if<JointLoad>(&p)) return joint->boundary;
     return std::get<StateOnlyLoad>(p).boundary;
   };
+  // Break-even, weighed on every feasible plan: the time of its legs (run at once: the
+  // longer counts) against the prefill it spares (dense: above hbm; stateful: from 0).
+  const BreakEven& cost = in.break_even;
+  auto load_ns = [&](const LoadPlan& p) {
+    double kv = 0, state = 0;
+    if (const auto range = kv_tokens(p)) {
+      std::uint64_t chunks_read = 0;
+      for (std::uint64_t c = 0; c * chunk < range->last; ++c)
+        if ((c + 1) * chunk > range->first) ++chunks_read;
+      kv = cost.tier_latency_ns + static_cast<double>(chunks_read * cost.kv_chunk_bytes) * cost.tier_ns_per_byte;
+    }
+    if (state_boundary(p)) state = cost.tier_latency_ns + static_cast<double>(cost.state_bytes) * cost.tier_ns_per_byte;
+    return kv > state ? kv : state;
+  };
+  if (cost.recompute_ns_per_token > 0) {
+    std::vector<LoadPlan> paying;
+    for (const LoadPlan& p : feasible) {
+      const TokenCount spared = claim(p) - (dense ? hbm : 0);
+      if (load_ns(p) <= static_cast<double>(spared) * cost.recompute_ns_per_token) paying.push_back(p);
+    }
+    if (paying.empty()) return NoLoad{NoLoadReason::slower_than_recompute};
+    feasible = std::move(paying);
+  }
   const LoadPlan* best = &feasible.front();
   for (const LoadPlan& p : feasible)
     if (claim(p) > claim(*best)) best = &p;
@@ -539,6 +629,16 @@ Case random_case(std::mt19937_64& rng) {
   else std::sort(c.servable.begin(), c.servable.end());
 
   if (chance(0.4)) c.min_load = pick(c.prompt + 1);
+  if (chance(0.3)) {
+    // Costs in multiples of 1/8 ns per token and 1/64 ns per byte, with whole latencies and
+    // byte counts: every time the planner and the reference compute is exact in a double,
+    // so a tie is a tie for both.
+    c.cost.recompute_ns_per_token = static_cast<double>(pick(64)) / 8;  // sometimes 0: off
+    c.cost.tier_ns_per_byte = static_cast<double>(pick(65)) / 64;
+    c.cost.tier_latency_ns = static_cast<double>(chance(0.5) ? 0 : pick(4000));
+    c.cost.kv_chunk_bytes = pick(8 * chunk + 1);
+    c.cost.state_bytes = chance(0.2) ? 0 : pick(16 * chunk + 1);
+  }
   return c;
 }
 

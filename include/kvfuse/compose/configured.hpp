@@ -85,6 +85,7 @@ struct DeploymentOptions {
   TierOptions kv_tier;     ///< where KV chunks live
   TierOptions state_tier;  ///< where state entries live (ignored for layout=none)
   TokenCount min_load_tokens = 0;  ///< passed to CoordinatorOptions
+  BreakEven break_even{};          ///< passed to CoordinatorOptions (off by default)
 };
 
 /// Which compiled preset a layout selects.
@@ -109,7 +110,7 @@ struct ConfiguredComposition {
   Preset preset = Preset::dense;
   Capability capability;            ///< state_tier_capability(engine options)
   OffloadIndexOptions index;        ///< index_options_for(capability, slot_count)
-  CoordinatorOptions coordinator;   ///< layout, grids, min_load_tokens
+  CoordinatorOptions coordinator;   ///< layout, grids, min_load_tokens, break_even
   bool is_multi = false;            ///< the connector is a multi (subs lists its subs)
   /// Canonical sub-connector names, in config order (for a plain connector: just its own
   /// canonical name). The views point into the registry's static tables.
@@ -218,6 +219,7 @@ inline ConfiguredComposition configure(const DeploymentOptions& options) {
   out.coordinator.layout = eng.layout;
   out.coordinator.grids = g;
   out.coordinator.min_load_tokens = options.min_load_tokens;
+  out.coordinator.break_even = options.break_even;
   out.world_size = options.world_size;
   out.kv_tier = options.kv_tier;
   out.state_tier = options.state_tier;

@@ -308,6 +308,8 @@ class Coordinator {
     d.plan = p.load;
     d.checkpoints = p.checkpoints;
     counters_.checkpoints_planned += d.checkpoints.size();
+    if (const auto* no = std::get_if<NoLoad>(&d.plan); no && no->reason == NoLoadReason::slower_than_recompute)
+      ++counters_.slower_than_recompute;
     return p;
   }
 

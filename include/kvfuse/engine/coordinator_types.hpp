@@ -207,6 +207,10 @@ struct CoordinatorOptions {
   /// Where stateful requests capture state checkpoints (AdmitDecision::checkpoints); the
   /// default places them at branch points, the prompt's end and every 8 chunks, at most 4.
   CheckpointPolicy checkpoints{};
+  /// Passed to the planner: a load slower than recomputing what it spares is not made
+  /// (NoLoadReason::slower_than_recompute, counted). Off by default. Its three times must be
+  /// finite and >= 0 (checked at construction, naming the field).
+  BreakEven break_even{};
 };
 
 /// What one Coordinator::step() produced. The spans stay valid until the next step() or
@@ -251,6 +255,7 @@ struct CoordinatorStats {
   std::uint64_t salvaged_loads = 0;        ///< failed loads that resumed above 0 anyway (their restored prefix, a second load, the engine's state at hbm)
   std::uint64_t salvaged_tokens = 0;       ///< tokens above the HBM floor those resumes kept
   std::uint64_t second_loads = 0;          ///< state-only loads sent after a stateful load failed part way (at most one per admission)
+  std::uint64_t slower_than_recompute = 0; ///< admissions that computed because every servable load cost more than its prefill (BreakEven)
   std::uint64_t invariant_violations = 0;  ///< stats() audits that failed, plus double unparks
 };
 

@@ -57,7 +57,18 @@
 //      joint load" are the same rule. With no plan the reason is, in this order:
 //      nothing_servable_above_hbm (no candidate above hbm), lookup_within_hbm
 //      (lookup <= hbm), covering_chunk_beyond_lookup.
-//   4. Minimum size: a plan that spares fewer than `min_load_tokens` tokens of prefill is
+//   4. Break-even (only when the BreakEven input is enabled): a candidate pays when its load
+//      costs no more time than the prefill it spares (load_ns <= spared x
+//      recompute_ns_per_token; what "spared" is, is rule 5's). A leg costs the tier's
+//      latency plus its bytes at the tier's rate; the KV leg moves every chunk overlapping
+//      [hbm, end), the state leg one checkpoint; a joint load costs the longer of its two
+//      legs, which run at once. Stateful: the plan is the highest joint candidate that
+//      pays, else the highest state-only one (a state-only load moves no KV, so it can pay
+//      where every joint load does not). Dense: only the longest load is weighed, because
+//      each chunk adds the same time and the same saving: if one more chunk pays, the
+//      longest load is the best; if it does not, even the first (partial) chunk does not,
+//      and no load pays. No candidate pays: slower_than_recompute.
+//   5. Minimum size: a plan that spares fewer than `min_load_tokens` tokens of prefill is
 //      load_too_small. A dense load spares end - hbm (its HBM prefix is usable without a
 //      load); a stateful load spares all B tokens it claims (without a state at some
 //      boundary a stateful model recomputes from 0: HBM KV alone cannot resume it — which
@@ -108,6 +119,46 @@ struct PlanGrids {
   friend constexpr bool operator==(PlanGrids, PlanGrids) noexcept = default;
 };
 
+/// What a load costs against recomputing the tokens it spares, for the planner's
+/// break-even (rule 4 of the header comment). Times are nanoseconds, bytes are what one rank
+/// reads (ranks read their slices at once, so one rank's leg is the load's time). Plain data;
+/// every member constexpr and noexcept, any thread.
+///
+/// Values are the caller's to check (CoordinatorOptions checks them: finite, not negative);
+/// the planner itself never fails on them: a NaN anywhere but in recompute_ns_per_token
+/// makes a load pay, a NaN there turns the check off.
+struct BreakEven {
+  /// The engine's prefill time per token; 0 (the default) turns the break-even off.
+  double recompute_ns_per_token = 0;
+  double tier_ns_per_byte = 0;      ///< the tier's time per byte read: 1e9 / its bandwidth in bytes per second
+  double tier_latency_ns = 0;       ///< the fixed time of one leg (a round trip, a file open)
+  std::uint64_t kv_chunk_bytes = 0; ///< bytes one rank reads per KV chunk
+  std::uint64_t state_bytes = 0;    ///< bytes one rank reads per state checkpoint
+
+  /// Costs from a bandwidth in bytes per second (0: reading is free) and a latency.
+  static constexpr BreakEven from_bandwidth(double recompute_ns_per_token, double bytes_per_second, double latency_ns,
+                                            std::uint64_t kv_chunk_bytes, std::uint64_t state_bytes) noexcept {
+    return {recompute_ns_per_token, bytes_per_second > 0 ? 1e9 / bytes_per_second : 0.0, latency_ns, kv_chunk_bytes,
+            state_bytes};
+  }
+  /// Whether the planner weighs loads at all: recompute_ns_per_token > 0.
+  [[nodiscard]] constexpr bool enabled() const noexcept { return recompute_ns_per_token > 0; }
+  /// The time of a KV leg of `chunks` chunks.
+  [[nodiscard]] constexpr double kv_leg_ns(std::uint64_t chunks) const noexcept {
+    return tier_latency_ns + static_cast<double>(chunks) * static_cast<double>(kv_chunk_bytes) * tier_ns_per_byte;
+  }
+  /// The time of a state leg (one checkpoint).
+  [[nodiscard]] constexpr double state_leg_ns() const noexcept {
+    return tier_latency_ns + static_cast<double>(state_bytes) * tier_ns_per_byte;
+  }
+  /// Whether a load taking `load_ns` pays for itself against recomputing `spared` tokens.
+  /// Always true when the check is off.
+  [[nodiscard]] constexpr bool pays(double load_ns, TokenCount spared) const noexcept {
+    return !enabled() || !(load_ns > static_cast<double>(spared) * recompute_ns_per_token);
+  }
+  friend constexpr bool operator==(const BreakEven&, const BreakEven&) noexcept = default;
+};
+
 /// Everything the planner decides from. Plain data; the span is borrowed for the call.
 struct PlanInput {
   TokenCount prompt_tokens = 0;  ///< P: the prompt length (> 0)
@@ -120,8 +171,10 @@ struct PlanInput {
   std::span<const TokenCount> servable_boundaries;
   StateLayout layout = StateLayout::none;  ///< the model's shape
   PlanGrids grids;
-  /// The smallest prefill saving worth a load (rule 4 of the header comment); 0: any.
+  /// The smallest prefill saving worth a load (rule 5 of the header comment); 0: any.
   TokenCount min_load_tokens = 0;
+  /// What a load costs against recomputing (rule 4); the default is off: every load pays.
+  BreakEven break_even{};
 };
 
 /// Why the planner chose not to load. Each value is decided by exactly one rule.
@@ -142,9 +195,12 @@ enum class NoLoadReason : std::uint8_t {
   /// grid's max_aligned()): the grids' arithmetic over the prompt cannot be represented, so
   /// the input is refused (R11) rather than wrapped. Checked right after empty_prompt.
   prompt_too_long_for_grids,
+  /// Rule 4: every load the tier could serve takes longer than recomputing what it spares
+  /// (BreakEven); the prompt is computed.
+  slower_than_recompute,
 };
 /// The highest NoLoadReason value; the static_assert below to_string checks it is the last.
-inline constexpr NoLoadReason last_no_load_reason = NoLoadReason::prompt_too_long_for_grids;
+inline constexpr NoLoadReason last_no_load_reason = NoLoadReason::slower_than_recompute;
 
 /// Short, stable name of a NoLoadReason, for engine logs. Constexpr, noexcept, thread-safe.
 constexpr std::string_view to_string(NoLoadReason r) noexcept {
@@ -161,6 +217,7 @@ constexpr std::string_view to_string(NoLoadReason r) noexcept {
     case NoLoadReason::covering_chunk_beyond_lookup: return "covering_chunk_beyond_lookup";
     case NoLoadReason::load_too_small: return "load_too_small";
     case NoLoadReason::prompt_too_long_for_grids: return "prompt_too_long_for_grids";
+    case NoLoadReason::slower_than_recompute: return "slower_than_recompute";
   }
   return "unknown_no_load_reason";
 }
@@ -219,21 +276,31 @@ constexpr LoadPlan plan_load(const PlanInput& in) noexcept {
     if (lookup <= hbm) return NoLoad{NoLoadReason::lookup_within_hbm};
     const TokenCount end = std::min(lookup, chunks.floor(last));
     if (end <= hbm) return NoLoad{NoLoadReason::chunk_holds_last_token};
+    const std::uint64_t moved = end / grids.chunk_tokens - hbm / grids.chunk_tokens;  // chunks overlapping [hbm, end)
+    if (!in.break_even.pays(in.break_even.kv_leg_ns(moved), end - hbm)) return NoLoad{NoLoadReason::slower_than_recompute};
     if (end - hbm < in.min_load_tokens) return NoLoad{NoLoadReason::load_too_small};
     return KvOnlyLoad{hbm, end};
   }
 
   // Stateful. `lookup` is on the chunk grid, so ceil_chunk(B) <= lookup exactly when
   // B <= lookup; testing it that way cannot overflow.
+  // Each candidate is weighed on its own (rule 4): a state-only one by its state leg, a
+  // joint one by the longer of its legs. The KV leg's chunks start at the one holding hbm.
+  const BreakEven& cost = in.break_even;
+  const std::uint64_t first_chunk = hbm / grids.chunk_tokens;
   TokenCount joint_b = 0, state_b = 0;
-  bool any_above = false;
+  bool any_above = false, any_candidate = false;
   for (const TokenCount b : in.servable_boundaries) {
     if (b == 0 || b > last || !blocks.aligned(b)) continue;
     if (b <= hbm) {
-      state_b = std::max(state_b, b);
+      any_candidate = true;
+      if (cost.pays(cost.state_leg_ns(), b)) state_b = std::max(state_b, b);
     } else {
       any_above = true;
-      if (b <= lookup) joint_b = std::max(joint_b, b);
+      if (b > lookup) continue;
+      any_candidate = true;
+      const std::uint64_t moved = chunks.cells_covering(b) - first_chunk;
+      if (cost.pays(std::max(cost.kv_leg_ns(moved), cost.state_leg_ns()), b)) joint_b = std::max(joint_b, b);
     }
   }
   if (joint_b > 0) {
@@ -244,6 +311,7 @@ constexpr LoadPlan plan_load(const PlanInput& in) noexcept {
     if (state_b < in.min_load_tokens) return NoLoad{NoLoadReason::load_too_small};
     return StateOnlyLoad{state_b};
   }
+  if (any_candidate) return NoLoad{NoLoadReason::slower_than_recompute};
   if (!any_above) return NoLoad{NoLoadReason::nothing_servable_above_hbm};
   if (lookup <= hbm) return NoLoad{NoLoadReason::lookup_within_hbm};
   return NoLoad{NoLoadReason::covering_chunk_beyond_lookup};

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -34,6 +35,14 @@ inline CoordinatorOptions validated(const CoordinatorOptions& o) {
                     std::to_string(o.grids.block_tokens) + ", chunk_tokens " + std::to_string(o.grids.chunk_tokens));
   if (!is_known(o.layout))
     throw Error(ErrorCode::invalid_argument, "Coordinator layout is unknown: " + std::to_string(static_cast<int>(o.layout)));
+  const auto check_cost = [](const char* name, double v) {
+    if (!std::isfinite(v) || v < 0)
+      throw Error(ErrorCode::invalid_argument,
+                  std::string("CoordinatorOptions::break_even.") + name + " must be finite and >= 0, got " + std::to_string(v));
+  };
+  check_cost("recompute_ns_per_token", o.break_even.recompute_ns_per_token);
+  check_cost("tier_ns_per_byte", o.break_even.tier_ns_per_byte);
+  check_cost("tier_latency_ns", o.break_even.tier_latency_ns);
   return o;
 }
 
@@ -56,7 +65,8 @@ LoadPlan plan_for(const AdmitRequest& req, TokenCount lookup, const CoordinatorO
   if (o.layout != StateLayout::none)
     for (const Checkpoint& c : req.checkpoints)
       if (could_serve(c.hash)) servable.push_back(c.boundary);
-  return plan_load(PlanInput{req.prompt_tokens, req.hbm, lookup, servable, o.layout, o.grids, o.min_load_tokens});
+  return plan_load(
+      PlanInput{req.prompt_tokens, req.hbm, lookup, servable, o.layout, o.grids, o.min_load_tokens, o.break_even});
 }
 
 /// The prefill checkpoints of a stateful request that resumes at `resume`, at most `most`
