@@ -16,6 +16,7 @@
                                         reuse what `last` reuses. ARGS (say --checkpoints last):
                                         only the first check, with ARGS added
   check_replay.py usage REPLAY TRACE    bad arguments and input exit 2 and name the bad value
+  check_replay.py share REPLAY TRACE    --tier-capacity 30% and 100% of the working set an unlimited pass holds
   check_replay.py redis REPLAY          --tier redis against a redis-server started here (unix
                                         socket in a temporary directory): the five zeros, and
                                         one round trip per KV load
@@ -33,9 +34,10 @@
                                         and as processes: the same loads, reuse, checked bytes
                                         and tier calls
 """
-import re
 import json
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -355,6 +357,41 @@ def hybrid(replay, path, *extra):
     print(f"no snapshot slot: {m['checkpoints']['skipped']} prefill checkpoints skipped, the reuse of `last`")
 
 
+# A share of the working set: the first 300 requests of the trace, dense and k3 (with its
+# serial comparison), synchronous saves, so that every run holds the same bytes.
+SHARE = ["--limit", "300", "--ranks", "2", "--model", "dense,k3", "--tier", "memory", "--sync-saves",
+         "--faults", "none"]
+
+
+def share(replay, path):
+    unlimited = run(replay, ["--trace", path, *SHARE, "--tier-capacity", "unlimited"])
+    full = run(replay, ["--trace", path, *SHARE, "--tier-capacity", "100%"])
+    part = run(replay, ["--trace", path, *SHARE, "--tier-capacity", "30%"])  # at 10% LRU keeps no reusable chunk
+    for report in (unlimited, full, part):
+        check_zeros(report, False)
+    for name in ("dense", "k3"):
+        if "tier_capacity" in unlimited["models"][name]:
+            fail(f"{name}: a byte capacity reports a share it was not given")
+        ws = full["models"][name]["tier_capacity"]["working_set_bytes"]
+        if ws <= 0:
+            fail(f"{name}: the unlimited pass held no bytes")
+        if full["models"][name]["tier_capacity"]["bytes"] != ws:
+            fail(f"{name}: 100% is {full['models'][name]['tier_capacity']['bytes']} bytes, the working set {ws}")
+        got = part["models"][name]["tier_capacity"]
+        if got["working_set_bytes"] != ws or got["bytes"] != math.ceil(ws * 0.3) or got["percent"] != 30:
+            fail(f"{name}: 30% of {ws} bytes resolved to {got}")
+        whole, cut = reused(full["models"][name]), reused(part["models"][name])
+        if whole != reused(unlimited["models"][name]):
+            fail(f"{name}: at 100% of the working set it reused {whole}, unlimited {reused(unlimited['models'][name])}")
+        if not cut < whole:
+            fail(f"{name}: at 30% it reused {cut}, not less than the {whole} of 100%: the capacity did not bind")
+        evicted = sum(float(line.rsplit(" ", 1)[1]) for line in part["metrics_text"].splitlines()
+                      if line.startswith("kvfuse_tier_evictions_total{") and f'model="{name}"' in line)
+        if evicted == 0:
+            fail(f"{name}: at 30% the memory tiers evicted nothing")
+        print(f"{name}: working set {ws} bytes per rank; reused {whole} at 100%, {cut} at 30% ({int(evicted)} evictions)")
+
+
 def usage(replay, path):
     with tempfile.TemporaryDirectory() as tmp:
         bad_line = os.path.join(tmp, "bad.jsonl")
@@ -394,6 +431,15 @@ def usage(replay, path):
             (["--tier-capacity", "99999999999999999999"], '"99999999999999999999"'),
             (["--tier-capacity", "17179869184GiB"], '"17179869184GiB"'),
             (["--tier-capacity", "0KiB"], '"0KiB"'),
+            (["--tier-capacity", "0%"], '"0%" must be a share in (0%, 100%]'),
+            (["--tier-capacity", "100.5%"], '"100.5%" must be a share'),
+            (["--tier-capacity", "%"], '"%" is not a share'),
+            (["--tier-capacity", "-5%"], '"-5%" is not a share'),
+            (["--tier-capacity", "1e1%"], '"1e1%" is not a share'),
+            (["--tier-capacity", "1.2.3%"], '"1.2.3%" is not a share'),
+            (["--tier", "redis", "--redis", "unix:/nonexistent/redis.sock", "--tier-capacity", "10%"],
+             '"10%" sizes a memory tier, and --tier redis has none'),
+            (["--tier", "redis-cluster:127.0.0.1:1", "--tier-capacity", "10%"], "--tier redis-cluster has none"),
             (["--ranks", "0"], "--ranks"),
             (["--ranks-as", "forks"], "forks"),
             (["--sessions", "-1"], "-1"),
@@ -514,5 +560,5 @@ def cluster(replay):
 if __name__ == "__main__":
     what, replay_bin, *rest = sys.argv[1:]
     {"faults": faults, "trace": trace, "bound": bound, "hybrid": hybrid, "usage": usage,
-     "redis": redis, "cluster": cluster, "processes": processes, "modes": modes}[what](replay_bin, *rest)
+     "redis": redis, "cluster": cluster, "processes": processes, "modes": modes, "share": share}[what](replay_bin, *rest)
     print("ok")

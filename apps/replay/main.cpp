@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -63,11 +64,40 @@ RunResult run_one(const Model& model, const Workload& w, RunOptions o, Progress&
   return r;
 }
 
-/// A model's passes: offload on; offload off when `two_pass`; its comparison entry's.
-ModelReport run_model(const Model& model, const Workload& w, const RunOptions& o, bool two_pass, Progress& progress,
-                      const std::filesystem::path& root) {
+/// What a --tier-capacity share resolved to for one model: its unlimited working set and the
+/// capacity cut from it, in bytes per rank.
+struct SizedCapacity {
+  double percent = 0;
+  std::uint64_t working_set_bytes = 0;  ///< the most bytes any rank's memory tier held with no limit
+  std::uint64_t capacity_bytes = 0;     ///< ceil(percent / 100 x working set), at least 1
+};
+
+/// The bytes the fullest rank's memory tier holds at the end of `r` (with an unlimited tier
+/// nothing was evicted, so this is everything the pass stored).
+std::uint64_t fullest_memory_tier(const RunResult& r) {
+  std::uint64_t most = 0;
+  for (const TierSnapshot& t : r.snapshot.tiers)
+    if (t.memory) most = std::max<std::uint64_t>(most, t.memory->bytes);
+  return most;
+}
+
+/// A model's passes: offload on; offload off when `two_pass`; its comparison entry's. With a
+/// share (`percent`), first the same pass with an unlimited memory tier, whose fullest rank
+/// sizes the tier of every pass after it (the comparison entry's included).
+ModelReport run_model(const Model& model, const Workload& w, RunOptions o, bool two_pass, Progress& progress,
+                      const std::filesystem::path& root, std::optional<double> percent, std::optional<SizedCapacity>& sized) {
   ModelReport m;
   m.model = &model;
+  if (percent) {
+    RunOptions unlimited = o;
+    unlimited.tier_options.memory_bytes = std::size_t{1} << 62;
+    const RunResult ws = run_one(model, w, unlimited, progress, root, "working set");
+    SizedCapacity c{*percent, fullest_memory_tier(ws), 0};
+    c.capacity_bytes = std::max<std::uint64_t>(
+        1, static_cast<std::uint64_t>(std::ceil(*percent / 100.0 * static_cast<double>(c.working_set_bytes))));
+    o.tier_options.memory_bytes = static_cast<std::size_t>(c.capacity_bytes);
+    sized = c;
+  }
   m.run = run_one(model, w, o, progress, root, "offload");
   if (two_pass) {
     RunOptions off = o;
@@ -112,6 +142,19 @@ constexpr std::string_view program = "kvfuse-replay";
 int usage_error(const CLI::App& app, const std::string& message) { return kvfuse_apps::usage_error(app, program, message); }
 
 }  // namespace
+
+/// A share from "<decimal>%" in (0, 100]: digits with at most one point, nothing else.
+/// Returns what is wrong with `text` ("" when it is a share).
+std::string parse_percent(const std::string& text, double& percent) {
+  const std::string number = text.substr(0, text.size() - 1);
+  const bool digits_only = !number.empty() && number.find_first_not_of("0123456789.") == std::string::npos &&
+                           std::count(number.begin(), number.end(), '.') <= 1 && number != ".";
+  if (!digits_only) return "is not a share (say 10% or 2.5%)";
+  const auto [end, ec] = std::from_chars(number.data(), number.data() + number.size(), percent);
+  if (ec != std::errc() || end != number.data() + number.size()) return "is not a share (say 10% or 2.5%)";
+  if (!(percent > 0) || percent > 100) return "must be a share in (0%, 100%]";
+  return {};
+}
 
 /// "> 0", with a message that names the value.
 const CLI::Validator positive(
@@ -185,7 +228,9 @@ int main(int argc, char** argv) {
           },
           "TIER", "a tier name"));
   app.add_option("--redis", redis_address, "with --tier redis: the server, unix:PATH or HOST:PORT");
-  app.add_option("--tier-capacity", capacity, "bytes of each rank's memory tier (1MiB, 64KiB, ...) or unlimited");
+  app.add_option("--tier-capacity", capacity,
+                 "bytes of each rank's memory tier (1MiB, 64KiB, ...), unlimited, or a share of the working set (10%: of what the "
+                 "fullest rank's tier holds when the same pass first runs unlimited)");
   app.add_option("--blocks", blocks, "device KV blocks of 64 tokens per rank (default: twice the longest request)")
       ->check(positive);
   app.add_option("--slots", slots, "device state slots per rank, one per admitted request")->check(CLI::Range(1, 4096));
@@ -218,6 +263,9 @@ int main(int argc, char** argv) {
     cluster_seeds = tier.substr(std::string_view("redis-cluster:").size());
     tier = "redis-cluster";
   }
+  // Before any server is reached: a share sizes the memory tier from a run without a limit.
+  if (capacity.ends_with('%') && (tier == "redis" || tier == "redis-cluster"))
+    return usage_error(app, "--tier-capacity: \"" + capacity + "\" sizes a memory tier, and --tier " + tier + " has none");
   RunOptions o;
   o.world = ranks;
   o.ranks_as = ranks_as == "processes" ? RanksAs::processes : RanksAs::threads;
@@ -272,8 +320,14 @@ int main(int argc, char** argv) {
   }
   o.state_capacity = state_capacity;
   o.hash_eviction = hash_eviction == "spared_tokens" ? kvfuse::HashEviction::spared_tokens : kvfuse::HashEviction::lru;
+  std::optional<double> capacity_percent;
   if (capacity == "unlimited") {
     o.tier_options.memory_bytes = std::size_t{1} << 62;
+  } else if (!capacity.empty() && capacity.back() == '%') {
+    double percent = 0;
+    if (const std::string error = parse_percent(capacity, percent); !error.empty())
+      return usage_error(app, "--tier-capacity: \"" + capacity + "\" " + error);
+    capacity_percent = percent;
   } else {
     std::uint64_t bytes = 0;
     if (const std::string error = parse_size(capacity, bytes); !error.empty())
@@ -324,19 +378,30 @@ int main(int argc, char** argv) {
   TempRoot& root = *made;
   Progress progress;
   std::vector<ModelReport> reports;
+  std::vector<std::optional<SizedCapacity>> sized(models.size());
   try {
-    for (const std::string& name : models) reports.push_back(run_model(*find_model(name), w, o, two_pass, progress, root.path));
+    for (std::size_t i = 0; i < models.size(); ++i)
+      reports.push_back(run_model(*find_model(models[i]), w, o, two_pass, progress, root.path, capacity_percent, sized[i]));
   } catch (const kvfuse::Error& e) {
     std::fprintf(stderr, "kvfuse-replay: %s\n", e.what());
     return 1;
   }
 
   print_table(reports, w);
+  for (std::size_t i = 0; i < reports.size(); ++i)
+    if (const auto& c = sized[i])
+      std::printf("  tier capacity of %s: %s of its unlimited working set, %s of %s bytes per rank\n",
+                  reports[i].run.model.c_str(), capacity.c_str(), thousands(c->capacity_bytes).c_str(),
+                  thousands(c->working_set_bytes).c_str());
   nlohmann::json options = {{"ranks", ranks},         {"ranks_as", ranks_as}, {"tier", tier},       {"tier_capacity", capacity}, {"faults", faults},
                             {"two_pass", two_pass},   {"sync_saves", sync_saves}, {"seed", seed},  {"blocks", o.num_blocks},
                             {"slots", slots},         {"snapshot_slots", snapshot_slots}, {"checkpoints", checkpoints},
                             {"state_capacity", state_capacity}, {"hash_eviction", hash_eviction}};
-  const nlohmann::json j = to_json(reports, w, options);
+  nlohmann::json j = to_json(reports, w, options);
+  for (std::size_t i = 0; i < reports.size(); ++i)
+    if (const auto& c = sized[i])
+      j["models"][reports[i].run.model]["tier_capacity"] = {
+          {"percent", c->percent}, {"working_set_bytes", c->working_set_bytes}, {"bytes", c->capacity_bytes}};
   try {
     if (!json_out.empty()) write_whole(json_out, j.dump(2) + "\n");
     if (!metrics_out.empty()) {
