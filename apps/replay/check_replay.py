@@ -16,7 +16,8 @@
                                         reuse what `last` reuses. ARGS (say --checkpoints last):
                                         only the first check, with ARGS added
   check_replay.py usage REPLAY TRACE    bad arguments and input exit 2 and name the bad value
-  check_replay.py share REPLAY TRACE    --tier-capacity 30% and 100% of the working set an unlimited pass holds
+  check_replay.py share REPLAY TRACE    --tier-capacity 30% and 100% of the working set an unlimited pass holds,
+                                        and --state-scale 4
   check_replay.py redis REPLAY          --tier redis against a redis-server started here (unix
                                         socket in a temporary directory): the five zeros, and
                                         one round trip per KV load
@@ -390,6 +391,23 @@ def share(replay, path):
         if evicted == 0:
             fail(f"{name}: at 30% the memory tiers evicted nothing")
         print(f"{name}: working set {ws} bytes per rank; reused {whole} at 100%, {cut} at 30% ({int(evicted)} evictions)")
+    # --state-scale 4: every checkpoint four chunks' KV, the same plans, every byte still checked.
+    scaled = run(replay, ["--trace", path, *SHARE, "--tier-capacity", "unlimited", "--state-scale", "4"])
+    check_zeros(scaled, False)
+    if scaled["options"].get("state_scale") != 4 or "state_scale" in unlimited["options"]:
+        fail(f"the report's options say state_scale {scaled['options'].get('state_scale')}")
+    for name in ("dense", "k3"):
+        small, large = unlimited["models"][name], scaled["models"][name]
+        if reused(large) != reused(small):
+            fail(f"{name}: a larger state changed the reuse of an unlimited tier: {reused(large)} against {reused(small)}")
+        if name == "dense":
+            if large["state_bytes_per_request"] != 0:
+                fail("dense stored state")
+            continue
+        ratio = large["state_bytes_per_request"] / small["state_bytes_per_request"]
+        if not 3.9 < ratio <= 4:  # each entry is its slot plus a small header
+            fail(f"{name}: state bytes per request grew {ratio:.3f} times with --state-scale 4")
+        print(f"{name}: --state-scale 4 stores {ratio:.3f} times the state bytes, reuse unchanged")
 
 
 def usage(replay, path):
@@ -452,6 +470,9 @@ def usage(replay, path):
             (["--hash-eviction", "fifo"], "fifo"),
             (["--snapshot-slots", "4097"], "--snapshot-slots"),
             (["--snapshot-slots", "-1"], "--snapshot-slots"),
+            (["--state-scale", "0"], "--state-scale"),
+            (["--state-scale", "1025"], "--state-scale"),
+            (["--state-scale", "1024", "--slots", "300"], "more than 1 GiB"),
             (["--tier", "redis", "--redis", "localhost"], "--redis: kvfuse: invalid_argument: redis address 'localhost' has no port"),
             (["--tier", "redis", "--redis", "localhost:65536"], "'localhost:65536' has a port outside"),
             (["--tier", "redis-cluster"], "--tier redis-cluster: needs its seeds"),

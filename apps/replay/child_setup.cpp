@@ -47,6 +47,7 @@ std::vector<std::byte> ChildSetup::encode() const {
   w.value(ranks.num_blocks);
   w.value(ranks.num_slots);
   w.value(ranks.max_chunks_per_load);
+  w.value(static_cast<std::uint64_t>(ranks.slot_bytes));
   w.value(static_cast<std::uint64_t>(ranks.tier));
   w.value(static_cast<std::uint64_t>(tier.memory_bytes));
   w.text(tier.dir.string());
@@ -86,6 +87,7 @@ ChildSetup ChildSetup::decode(std::span<const std::byte> bytes) {
   s.ranks.num_blocks = rd.value<std::uint32_t>();
   s.ranks.num_slots = rd.value<std::uint32_t>();
   s.ranks.max_chunks_per_load = rd.value<std::uint32_t>();
+  s.ranks.slot_bytes = static_cast<std::size_t>(rd.value<std::uint64_t>());
   s.ranks.tier = static_cast<std::size_t>(rd.value<std::uint64_t>());
   s.tier.memory_bytes = static_cast<std::size_t>(rd.value<std::uint64_t>());
   s.tier.dir = rd.text();

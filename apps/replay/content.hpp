@@ -18,11 +18,13 @@ namespace replay {
 using kvfuse::mix64;
 
 /// The device geometry every model of the replay shares: 64-token blocks, one 8-byte word
-/// per token per rank, 4 KiB state slots.
+/// per token per rank, and state slots of one chunk's KV (4 KiB per rank) unless
+/// --state-scale makes them larger (RankSetup::slot_bytes).
 inline constexpr std::uint32_t block_tokens = 64;
 inline constexpr std::size_t kv_bytes_per_token = 8;
 inline constexpr std::size_t block_bytes = block_tokens * kv_bytes_per_token;
-inline constexpr std::size_t slot_bytes = 4096;
+inline constexpr std::size_t default_slot_bytes = std::size_t{chunk_tokens} * kv_bytes_per_token;
+static_assert(default_slot_bytes == 4096);
 
 /// Identity of the tokens of one block: the chunk's key and the block's position. Two
 /// requests whose chunk keys agree up to a block hold the same tokens there.

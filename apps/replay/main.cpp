@@ -193,7 +193,7 @@ int main(int argc, char** argv) {
   std::string dir = std::filesystem::temp_directory_path().string(), trace, tier = "memory+disk", capacity = "1MiB", faults = "all", json_out, metrics_out;
   std::size_t limit = 0, sessions = 24, turns = 6;
   std::uint64_t seed = 1;
-  std::uint32_t ranks = 8, blocks = 0, slots = 16, snapshot_slots = RunOptions{}.snapshot_slots;
+  std::uint32_t ranks = 8, blocks = 0, slots = 16, snapshot_slots = RunOptions{}.snapshot_slots, state_scale = 1;
   std::string checkpoints = "default", hash_eviction = "lru";
   std::size_t state_capacity = RunOptions{}.state_capacity;
   double speed = 0;
@@ -234,6 +234,10 @@ int main(int argc, char** argv) {
   app.add_option("--blocks", blocks, "device KV blocks of 64 tokens per rank (default: twice the longest request)")
       ->check(positive);
   app.add_option("--slots", slots, "device state slots per rank, one per admitted request")->check(CLI::Range(1, 4096));
+  app.add_option("--state-scale", state_scale,
+                 "every state checkpoint is F chunks' worth of KV (4 KiB per rank each; default 1): a large hybrid state on the "
+                 "replay's tiny model")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--snapshot-slots", snapshot_slots,
                  "device state slots per rank beside --slots that prefill checkpoints are copied into until saved; "
                  "none free: the checkpoint is skipped (counted)")
@@ -313,6 +317,13 @@ int main(int argc, char** argv) {
   }
   o.num_slots = slots;
   o.snapshot_slots = snapshot_slots;
+  o.state_scale = state_scale;
+  // Every rank allocates its slot pool at this size, request and snapshot slots alike.
+  if (const std::uint64_t slot_memory = std::uint64_t{slots + snapshot_slots} * state_scale * default_slot_bytes;
+      slot_memory > (std::uint64_t{1} << 30))
+    return usage_error(app, "--state-scale " + std::to_string(state_scale) + ": " + std::to_string(slots + snapshot_slots) +
+                                " slots of " + std::to_string(std::uint64_t{state_scale} * default_slot_bytes) + " bytes need " +
+                                thousands(slot_memory) + " bytes per rank, more than 1 GiB");
   try {
     o.checkpoints = kvfuse::checkpoint_policy_named(checkpoints);
   } catch (const kvfuse::Error& e) {
@@ -397,6 +408,7 @@ int main(int argc, char** argv) {
                             {"two_pass", two_pass},   {"sync_saves", sync_saves}, {"seed", seed},  {"blocks", o.num_blocks},
                             {"slots", slots},         {"snapshot_slots", snapshot_slots}, {"checkpoints", checkpoints},
                             {"state_capacity", state_capacity}, {"hash_eviction", hash_eviction}};
+  if (state_scale != 1) options["state_scale"] = state_scale;
   nlohmann::json j = to_json(reports, w, options);
   for (std::size_t i = 0; i < reports.size(); ++i)
     if (const auto& c = sized[i])

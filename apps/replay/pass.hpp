@@ -31,6 +31,9 @@ struct RunOptions {
   /// prefill checkpoint is copied into one and read from it by the save. None free at a
   /// checkpoint: that checkpoint is skipped (counted), the prefill never waits.
   std::uint32_t snapshot_slots = 16;
+  /// Every state slot, and so every checkpoint, is this many chunks' KV (4 KiB per rank
+  /// each): a large hybrid state on the tiny model (--state-scale).
+  std::uint32_t state_scale = 1;
   kvfuse::CheckpointPolicy checkpoints{};  ///< where stateful requests capture state checkpoints
   std::size_t state_capacity = std::size_t{1} << 18;             ///< the index's state hash capacity
   kvfuse::HashEviction hash_eviction = kvfuse::HashEviction::lru;  ///< which state hash goes at that capacity

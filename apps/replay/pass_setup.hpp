@@ -34,6 +34,7 @@ inline RankSetup rank_setup(const Model& model, const RunOptions& o, const Workl
   s.num_blocks = o.num_blocks;
   s.num_slots = model.stateful ? o.num_slots + (o.offload ? o.snapshot_slots : 0) : 0;
   s.max_chunks_per_load = static_cast<std::uint32_t>(w.max_request_tokens / chunk_tokens + 2);
+  s.slot_bytes = std::size_t{o.state_scale} * default_slot_bytes;
   s.tier = o.tier;
   return s;
 }

@@ -42,6 +42,7 @@ struct RankMemory {
   std::byte* blocks = nullptr;
   std::byte* slots = nullptr;
   std::uint32_t rank = 0;
+  std::size_t slot_bytes = default_slot_bytes;  ///< the geometry's: a multiple of 8
 
   std::byte* block(std::uint32_t b) const noexcept { return blocks + std::size_t{b} * block_bytes; }
   std::byte* slot(kvfuse::SlotId s) const noexcept { return slots + std::size_t{s.value} * slot_bytes; }

@@ -99,7 +99,7 @@ int serve_rank(const ChildSetup& s, const TierEntry<Inner>& entry, ControlChanne
   } memory{rt,
            {static_cast<std::byte*>(rt.allocate_device(std::size_t{g.num_blocks} * g.block_bytes())),
             static_cast<std::byte*>(rt.allocate_device(std::max<std::size_t>(1, std::size_t{g.num_slots} * g.slot_bytes))),
-            g.rank}};
+            g.rank, g.slot_bytes}};
   Tier tier([&] { return entry.make(s.tier, g.rank); });
   auto emitters = [&]<std::size_t... L>(std::index_sequence<L...>) {
     return typename Conn::Emitters{shm.emitter(L)...};

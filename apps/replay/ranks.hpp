@@ -51,6 +51,7 @@ struct RankSetup {
   std::uint32_t num_blocks = 0;            ///< device KV blocks per rank
   std::uint32_t num_slots = 0;             ///< device state slots per rank (0: a dense model)
   std::uint32_t max_chunks_per_load = 0;
+  std::size_t slot_bytes = default_slot_bytes;  ///< bytes of one state slot, and so of one checkpoint, per rank
   std::size_t tier = 0;                    ///< index in the tier table (tiers.hpp)
   std::vector<TierOptions> tier_options;   ///< one per rank, after the faults' set-up
   kvfuse::HostRuntime* runtime = nullptr;
@@ -198,7 +199,7 @@ class RanksOf final : public Ranks {
         : rt(runtime),
           memory{static_cast<std::byte*>(runtime.allocate_device(std::size_t{g.num_blocks} * g.block_bytes())),
                  static_cast<std::byte*>(runtime.allocate_device(std::max<std::size_t>(1, std::size_t{g.num_slots} * g.slot_bytes))),
-                 g.rank},
+                 g.rank, g.slot_bytes},
           tier([&] { return entry.make(options, g.rank); }),
           conn(g, runtime, kvfuse::DeviceMemory{memory.blocks, memory.slots}, kvfuse::PagedKv<Tier>(tier), make_state_leg(tier),
                group) {}
