@@ -23,8 +23,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -137,12 +137,6 @@ std::string parse_size(const std::string& text, std::uint64_t& bytes) {
   return {};
 }
 
-constexpr std::string_view program = "kvfuse-replay";
-
-int usage_error(const CLI::App& app, const std::string& message) { return kvfuse_apps::usage_error(app, program, message); }
-
-}  // namespace
-
 /// A share from "<decimal>%" in (0, 100]: digits with at most one point, nothing else.
 /// Returns what is wrong with `text` ("" when it is a share).
 std::string parse_percent(const std::string& text, double& percent) {
@@ -155,6 +149,12 @@ std::string parse_percent(const std::string& text, double& percent) {
   if (!(percent > 0) || percent > 100) return "must be a share in (0%, 100%]";
   return {};
 }
+
+constexpr std::string_view program = "kvfuse-replay";
+
+int usage_error(const CLI::App& app, const std::string& message) { return kvfuse_apps::usage_error(app, program, message); }
+
+}  // namespace
 
 /// "> 0", with a message that names the value.
 const CLI::Validator positive(
