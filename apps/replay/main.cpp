@@ -64,14 +64,6 @@ RunResult run_one(const Model& model, const Workload& w, RunOptions o, Progress&
   return r;
 }
 
-/// What a --tier-capacity share resolved to for one model: its unlimited working set and the
-/// capacity cut from it, in bytes per rank.
-struct SizedCapacity {
-  double percent = 0;
-  std::uint64_t working_set_bytes = 0;  ///< the most bytes any rank's memory tier held with no limit
-  std::uint64_t capacity_bytes = 0;     ///< ceil(percent / 100 x working set), at least 1
-};
-
 /// The bytes the fullest rank's memory tier holds at the end of `r` (with an unlimited tier
 /// nothing was evicted, so this is everything the pass stored).
 std::uint64_t fullest_memory_tier(const RunResult& r) {
@@ -85,7 +77,7 @@ std::uint64_t fullest_memory_tier(const RunResult& r) {
 /// share (`percent`), first the same pass with an unlimited memory tier, whose fullest rank
 /// sizes the tier of every pass after it (the comparison entry's included).
 ModelReport run_model(const Model& model, const Workload& w, RunOptions o, bool two_pass, Progress& progress,
-                      const std::filesystem::path& root, std::optional<double> percent, std::optional<SizedCapacity>& sized) {
+                      const std::filesystem::path& root, std::optional<double> percent) {
   ModelReport m;
   m.model = &model;
   if (percent) {
@@ -96,7 +88,7 @@ ModelReport run_model(const Model& model, const Workload& w, RunOptions o, bool 
     c.capacity_bytes = std::max<std::uint64_t>(
         1, static_cast<std::uint64_t>(std::ceil(*percent / 100.0 * static_cast<double>(c.working_set_bytes))));
     o.tier_options.memory_bytes = static_cast<std::size_t>(c.capacity_bytes);
-    sized = c;
+    m.capacity = c;
   }
   m.run = run_one(model, w, o, progress, root, "offload");
   if (two_pass) {
@@ -389,31 +381,21 @@ int main(int argc, char** argv) {
   TempRoot& root = *made;
   Progress progress;
   std::vector<ModelReport> reports;
-  std::vector<std::optional<SizedCapacity>> sized(models.size());
   try {
-    for (std::size_t i = 0; i < models.size(); ++i)
-      reports.push_back(run_model(*find_model(models[i]), w, o, two_pass, progress, root.path, capacity_percent, sized[i]));
+    for (const std::string& name : models)
+      reports.push_back(run_model(*find_model(name), w, o, two_pass, progress, root.path, capacity_percent));
   } catch (const kvfuse::Error& e) {
     std::fprintf(stderr, "kvfuse-replay: %s\n", e.what());
     return 1;
   }
 
   print_table(reports, w);
-  for (std::size_t i = 0; i < reports.size(); ++i)
-    if (const auto& c = sized[i])
-      std::printf("  tier capacity of %s: %s of its unlimited working set, %s of %s bytes per rank\n",
-                  reports[i].run.model.c_str(), capacity.c_str(), thousands(c->capacity_bytes).c_str(),
-                  thousands(c->working_set_bytes).c_str());
   nlohmann::json options = {{"ranks", ranks},         {"ranks_as", ranks_as}, {"tier", tier},       {"tier_capacity", capacity}, {"faults", faults},
                             {"two_pass", two_pass},   {"sync_saves", sync_saves}, {"seed", seed},  {"blocks", o.num_blocks},
                             {"slots", slots},         {"snapshot_slots", snapshot_slots}, {"checkpoints", checkpoints},
                             {"state_capacity", state_capacity}, {"hash_eviction", hash_eviction}};
   if (state_scale != 1) options["state_scale"] = state_scale;
-  nlohmann::json j = to_json(reports, w, options);
-  for (std::size_t i = 0; i < reports.size(); ++i)
-    if (const auto& c = sized[i])
-      j["models"][reports[i].run.model]["tier_capacity"] = {
-          {"percent", c->percent}, {"working_set_bytes", c->working_set_bytes}, {"bytes", c->capacity_bytes}};
+  const nlohmann::json j = to_json(reports, w, options);
   try {
     if (!json_out.empty()) write_whole(json_out, j.dump(2) + "\n");
     if (!metrics_out.empty()) {

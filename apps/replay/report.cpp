@@ -208,6 +208,13 @@ void print_table(const std::vector<ModelReport>& models, const Workload& w) {
       std::printf("  compared pass of %s: %s (%s), the same workload\n", m.run.model.c_str(), m.comparison->model.c_str(),
                   c ? std::string(c->what).c_str() : "");
     }
+  for (const ModelReport& m : models)
+    if (const auto& c = m.capacity) {
+      char share[32];
+      *std::to_chars(share, share + sizeof share - 1, c->percent).ptr = '\0';  // shortest: 10, 2.5
+      std::printf("  tier capacity of %s: %s%% of its unlimited working set, %s of %s bytes per rank\n", m.run.model.c_str(),
+                  share, thousands(c->capacity_bytes).c_str(), thousands(c->working_set_bytes).c_str());
+    }
 }
 
 nlohmann::json to_json(const std::vector<ModelReport>& models, const Workload& w, const nlohmann::json& options) {
@@ -223,6 +230,8 @@ nlohmann::json to_json(const std::vector<ModelReport>& models, const Workload& w
     nlohmann::json x = nlohmann::json::object();
     for (const Row& row : rows)
       if (!row.key.empty() && row.value) x[nlohmann::json::json_pointer(row.key)] = row.value(m);
+    if (const auto& c = m.capacity)  // only with a share, so byte-capacity reports keep their keys
+      x["tier_capacity"] = {{"percent", c->percent}, {"working_set_bytes", c->working_set_bytes}, {"bytes", c->capacity_bytes}};
     ok = ok && m.must_be_zero_total() == 0;
     j["models"][m.run.model] = x;
   }

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <optional>
@@ -24,9 +25,18 @@
 namespace replay {
 
 /// One model's result, with its two-pass comparison and its comparison entry's pass.
+/// What a --tier-capacity share resolved to for one model: its unlimited working set and the
+/// capacity cut from it, in bytes per rank.
+struct SizedCapacity {
+  double percent = 0;
+  std::uint64_t working_set_bytes = 0;  ///< the most bytes any rank's memory tier held with no limit
+  std::uint64_t capacity_bytes = 0;     ///< ceil(percent / 100 x working set), at least 1
+};
+
 struct ModelReport {
   const Model* model = nullptr;
   RunResult run;
+  std::optional<SizedCapacity> capacity;  ///< set when --tier-capacity was a share
   std::optional<RunResult> comparison;  ///< the model's comparison entry on the same workload
   bool two_pass = false;
   std::size_t compared = 0;          ///< requests with an output in both passes
