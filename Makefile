@@ -47,13 +47,15 @@ test-tsan:
 	cmake --build build/tsan -j $(JOBS)
 	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build/tsan --output-on-failure -j $(JOBS)
 
-# The benchmarks and kvfuse-replay (bench/README.md), then llama-server's prompt cache side
-# by side, stock against kvfuse (bench/llama_server/; its target builds the tiny models and
-# whichever servers are defined), then the plots of both.
+# The benchmarks and kvfuse-replay (bench/README.md), then the cache policies against the
+# offline reference (bench/cache_policies.py), then llama-server's prompt cache side by side,
+# stock against kvfuse (bench/llama_server/; its target builds the tiny models and whichever
+# servers are defined), then the plots of all.
 bench: deps
 	cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) $(WITH_LLAMA) -DKVFUSE_BUILD_BENCH=ON
 	cmake --build build/release --target kvfuse_benchmarks kvfuse_replay kvfuse_llama_server_bench -j $(JOBS)
 	bench/run.sh build/release/bench
+	python3 bench/cache_policies.py build/release/apps/replay/kvfuse-replay --out build/bench-results
 	bench/llama_server/run.sh build/release
 	bench/plot.sh build/bench-results docs/img
 

@@ -17,6 +17,11 @@
 #                                   dense against the index's state capacity, lru against
 #                                   spared_tokens
 #
+#   docs/img/cache_policy.png       cache_policies.json (bench/cache_policies.py): reuse as a share
+#                                   of the trace's bound against the tier budget (a share of the
+#                                   working set), dsv4 with large state and dense, lru against
+#                                   cost against the offline reference (Belady)
+#
 #   docs/img/llama_server_reuse.png  llama_server/summary.json (bench/llama_server/run.py): the
 #                                   stock llama-server and kvfuse-llama-server, prompt tokens
 #                                   reused as a share of the workload's bound, per model and
@@ -247,6 +252,49 @@ GP
   drawn=$((drawn + 1))
 else
   echo "plot.sh: skipped state_eviction.png (no replay_eviction_*.json in $results)"
+fi
+
+# ---- the cache policies against the offline reference -------------------------------------
+# One line per share: dsv4 at --state-scale 64 (lru, lru@all, cost, belady), then dense
+# (lru, cost, belady).
+python3 - "$results/cache_policies.json" >"$work/cache.dat" <<'PY' || true
+import json, sys
+try:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        doc = json.load(f)
+    large, dense = doc["scales"]["64"]["dsv4"], doc["scales"]["1"]["dense"]
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"plot.sh: {sys.argv[1]}: {e}")
+print(f"# requests {doc['requests']}")
+for share in sorted(large, key=float):
+    p, d = large[share], dense[share]
+    print(share, p["lru"], p["lru@all"], p["cost"], p["belady"], d["lru"], d["cost"], d["belady"])
+PY
+if [ -s "$work/cache.dat" ]; then
+  requests=$(sed -n 's/^# requests //p' "$work/cache.dat")
+  gnuplot <<GP
+set terminal pngcairo size 900,560 enhanced font "sans,11"
+set output "$img/cache_policy.png"
+set title "${requests} requests of the shipped trace (kvfuse-replay, 2 ranks, memory tier, synchronous saves):\nreuse against the tier budget (dsv4: 64-chunk state; cost and Belady: a checkpoint at every chunk)"
+set xlabel "tier budget per rank, % of the model's unlimited working set"
+set ylabel "reused prompt tokens / trace bound"
+set logscale x
+set xtics (1, 3, 10, 30, 100)
+set yrange [0:1.05]
+set grid
+set key top left reverse Left
+plot "$work/cache.dat" using 1:5 with linespoints lw 2 pt 5 lc rgb "#444444" title "dsv4: Belady (offline)", \
+     "" using 1:4 with linespoints lw 2 pt 7 lc rgb "#d62728" title "dsv4: --cache-policy cost", \
+     "" using 1:2 with linespoints lw 2 pt 6 lc rgb "#1f77b4" title "dsv4: the tier's LRU", \
+     "" using 1:3 with linespoints lw 1 dt 2 pt 6 lc rgb "#1f77b4" title "dsv4: the tier's LRU, --checkpoints all", \
+     "" using 1:8 with linespoints lw 1 dt 3 pt 4 lc rgb "#444444" title "dense: Belady", \
+     "" using 1:7 with linespoints lw 1 dt 3 pt 8 lc rgb "#d62728" title "dense: cost", \
+     "" using 1:6 with linespoints lw 1 dt 3 pt 8 lc rgb "#1f77b4" title "dense: LRU"
+GP
+  echo "plot.sh: wrote $img/cache_policy.png"
+  drawn=$((drawn + 1))
+else
+  echo "plot.sh: skipped cache_policy.png (no cache_policies.json in $results)"
 fi
 
 # ---- llama-server's prompt cache: reuse as a share of the bound, per model and configuration --

@@ -16,6 +16,8 @@
                                         reuse what `last` reuses. ARGS (say --checkpoints last):
                                         only the first check, with ARGS added
   check_replay.py usage REPLAY TRACE    bad arguments and input exit 2 and name the bad value
+  check_replay.py cache REPLAY TRACE    --cache-policy cost at 10% of the working set: the ledger keeps its budget,
+                                        the tiers evict nothing themselves, dsv4 reuses 1.2x LRU's; 100% changes nothing
   check_replay.py share REPLAY TRACE    --tier-capacity 30% and 100% of the working set an unlimited pass holds,
                                         and --state-scale 4
   check_replay.py redis REPLAY          --tier redis against a redis-server started here (unix
@@ -410,6 +412,100 @@ def share(replay, path):
         print(f"{name}: --state-scale 4 stores {ratio:.3f} times the state bytes, reuse unchanged")
 
 
+# The cache ledger (--cache-policy): the first 600 requests, dense and dsv4, state 16 chunks
+# a checkpoint, one at every chunk boundary (the placement `cost` wants), synchronous saves.
+CACHE = ["--limit", "600", "--ranks", "2", "--model", "dense,dsv4", "--tier", "memory", "--sync-saves", "--faults", "none",
+         "--state-scale", "16", "--checkpoints", "all"]
+
+
+def metric_samples(report, family, name):
+    """Every sample of `family` labelled with model `name`, by rank label."""
+    out = {}
+    for line in report["metrics_text"].splitlines():
+        if line.startswith(family + "{") and f'model="{name}"' in line and 'tier="memory"' in line:
+            rank = line.split('rank="', 1)[1].split('"', 1)[0]
+            out[rank] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def cache(replay, path):
+    lru = run(replay, ["--trace", path, *CACHE, "--tier-capacity", "10%"])
+    cost = run(replay, ["--trace", path, *CACHE, "--tier-capacity", "10%", "--cache-policy", "cost"])
+    full = run(replay, ["--trace", path, *CACHE, "--tier-capacity", "100%", "--cache-policy", "cost"])
+    for report in (lru, cost, full):
+        check_zeros(report, False)
+    if cost["options"].get("cache_policy") != "cost" or "cache_policy" in lru["options"]:
+        fail(f"the report's options say cache_policy {cost['options'].get('cache_policy')}")
+    for name in ("dense", "dsv4"):
+        if "cache_ledger" in lru["models"][name]:
+            fail(f"{name}: a run without --cache-policy reports a ledger")
+        ledger = cost["models"][name]["cache_ledger"]
+        budget = cost["models"][name]["tier_capacity"]["bytes"]
+        if ledger["policy"] != "cost" or ledger["budget_bytes"] != budget:
+            fail(f"{name}: the ledger's budget is {ledger['budget_bytes']}, the 10% capacity {budget}")
+        if not 0 < ledger["bytes"] <= budget or ledger["bytes"] != ledger["kv_bytes"] + ledger["state_bytes"]:
+            fail(f"{name}: the ledger keeps {ledger['bytes']} bytes against a budget of {budget}: {ledger}")
+        if ledger["evicted_kv"] + ledger["evicted_state"] == 0:
+            fail(f"{name}: at 10% the ledger evicted nothing")
+        # The ledger owns the budget: the tiers never evict on their own and hold what it keeps
+        # (a state entry is its slot plus a small header the ledger does not count).
+        held = metric_samples(cost, "kvfuse_tier_bytes", name)
+        evicted = metric_samples(cost, "kvfuse_tier_evictions_total", name)
+        if len(held) != 2 or any(v != 0 for v in evicted.values()):
+            fail(f"{name}: the memory tiers evicted on their own: {evicted}")
+        for rank, b in held.items():
+            if not ledger["bytes"] <= b <= ledger["bytes"] + 64 * (ledger["state_bytes"] // (16 * 4096) + 1):
+                fail(f"{name}: rank {rank}'s tier holds {b} bytes, the ledger counts {ledger['bytes']}")
+        whole = full["models"][name]
+        if whole["cache_ledger"]["evicted_kv"] + whole["cache_ledger"]["evicted_state"] != 0 or \
+                whole["cache_ledger"]["refused_first_seen"] != 0:
+            fail(f"{name}: at 100% of the working set the ledger evicted or refused: {whole['cache_ledger']}")
+        if reused(whole) != reused(lru_unlimited(replay, path, name)):
+            fail(f"{name}: at 100% with the ledger it reused {reused(whole)}, an unlimited tier more")
+        a, b = reused(lru["models"][name]), reused(cost["models"][name])
+        print(f"{name}: at 10% of the working set the tier's LRU reused {a} tokens, the cost ledger {b} "
+              f"(evicted {ledger['evicted_kv']} KV / {ledger['evicted_state']} state, refused {ledger['refused_first_seen']})")
+        if name == "dsv4" and not b >= 1.2 * a:
+            fail(f"dsv4: the cost policy reused {b} tokens at 10%, less than 1.2 x LRU's {a}")
+        if name == "dense" and b < a:
+            fail(f"dense: the cost policy reused {b} tokens at 10%, less than LRU's {a}")
+    # Ranks as processes: the ledger's erases cross the control channel, the same choices.
+    procs = run(replay, ["--trace", path, *CACHE, "--tier-capacity", "10%", "--cache-policy", "cost",
+                         "--ranks-as", "processes"])
+    threads = run(replay, ["--trace", path, *CACHE, "--tier-capacity", "10%", "--cache-policy", "cost"])
+    check_zeros(procs, False)
+    for name in ("dense", "dsv4"):
+        p, t = procs["models"][name], threads["models"][name]
+        if (reused(p), p["cache_ledger"]) != (reused(t), t["cache_ledger"]):
+            fail(f"{name}: ranks as processes reused {reused(p)} with {p['cache_ledger']}, as threads {reused(t)} "
+                 f"with {t['cache_ledger']}")
+    print("ranks as processes: the same ledger and reuse as threads")
+    # The offline reference (bench/cache_reference.py) models this replay: its lru and cost
+    # reuse what the replay's do, at the same point.
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+    import cache_reference as ref
+    trace = ref.load_trace(path, 600)
+    ref.hbm_hits(trace)
+    grid = ref.run_grid(trace, [10.0], [16], ["dense", "dsv4"], ["lru", "cost"], ref.CheckpointPolicy.named("all"),
+                        log=lambda *a, **k: None)["16"]
+    for name in ("dense", "dsv4"):
+        for policy, report in (("lru", lru), ("cost", cost)):
+            mine = grid[name]["points"]["10%"][policy]["share"]
+            theirs = report["models"][name]["reused_share_of_bound"]
+            if abs(mine - theirs) > 1e-9:
+                fail(f"{name}: the reference's {policy} reuses {mine:.6f} of the bound, the replay {theirs:.6f}")
+    print("the offline reference's lru and cost reuse exactly what the replay's do")
+
+
+_unlimited = {}
+
+
+def lru_unlimited(replay, path, name):
+    if not _unlimited:
+        _unlimited.update(run(replay, ["--trace", path, *CACHE, "--tier-capacity", "unlimited"])["models"])
+    return _unlimited[name]
+
+
 def usage(replay, path):
     with tempfile.TemporaryDirectory() as tmp:
         bad_line = os.path.join(tmp, "bad.jsonl")
@@ -468,6 +564,7 @@ def usage(replay, path):
             (["--state-capacity", "0"], "--state-capacity"),
             (["--state-capacity", "2147483649"], "--state-capacity"),
             (["--hash-eviction", "fifo"], "fifo"),
+            (["--cache-policy", "fifo"], "fifo"),
             (["--snapshot-slots", "4097"], "--snapshot-slots"),
             (["--snapshot-slots", "-1"], "--snapshot-slots"),
             (["--state-scale", "0"], "--state-scale"),
@@ -581,5 +678,5 @@ def cluster(replay):
 if __name__ == "__main__":
     what, replay_bin, *rest = sys.argv[1:]
     {"faults": faults, "trace": trace, "bound": bound, "hybrid": hybrid, "usage": usage,
-     "redis": redis, "cluster": cluster, "processes": processes, "modes": modes, "share": share}[what](replay_bin, *rest)
+     "redis": redis, "cluster": cluster, "processes": processes, "modes": modes, "share": share, "cache": cache}[what](replay_bin, *rest)
     print("ok")

@@ -83,11 +83,14 @@ ModelReport run_model(const Model& model, const Workload& w, RunOptions o, bool 
   if (percent) {
     RunOptions unlimited = o;
     unlimited.tier_options.memory_bytes = std::size_t{1} << 62;
+    unlimited.cache_policy.reset();
     const RunResult ws = run_one(model, w, unlimited, progress, root, "working set");
     SizedCapacity c{*percent, fullest_memory_tier(ws), 0};
     c.capacity_bytes = std::max<std::uint64_t>(
         1, static_cast<std::uint64_t>(std::ceil(*percent / 100.0 * static_cast<double>(c.working_set_bytes))));
-    o.tier_options.memory_bytes = static_cast<std::size_t>(c.capacity_bytes);
+    // With a cache policy the ledger owns the budget and the tier stays unlimited.
+    if (o.cache_policy) o.cache_budget = c.capacity_bytes;
+    else o.tier_options.memory_bytes = static_cast<std::size_t>(c.capacity_bytes);
     m.capacity = c;
   }
   m.run = run_one(model, w, o, progress, root, "offload");
@@ -186,7 +189,7 @@ int main(int argc, char** argv) {
   std::size_t limit = 0, sessions = 24, turns = 6;
   std::uint64_t seed = 1;
   std::uint32_t ranks = 8, blocks = 0, slots = 16, snapshot_slots = RunOptions{}.snapshot_slots, state_scale = 1;
-  std::string checkpoints = "default", hash_eviction = "lru";
+  std::string checkpoints = "default", hash_eviction = "lru", cache_policy;
   std::size_t state_capacity = RunOptions{}.state_capacity;
   double speed = 0;
   bool two_pass = false, sync_saves = false;
@@ -245,6 +248,11 @@ int main(int argc, char** argv) {
                  "which checkpoint the index drops at --state-capacity: lru (least recently used) or spared_tokens "
                  "(of the 8 least recently used, the one sparing the fewest tokens)")
       ->check(CLI::IsMember({"lru", "spared_tokens"}));
+  app.add_option("--cache-policy", cache_policy,
+                 "the engine owns the --tier-capacity budget and decides what the tiers keep: lru (least recently "
+                 "used goes) or cost (prefill saved per byte, dependency-aware, a heavy checkpoint let in on its second sight "
+                 "under pressure); default: each memory tier evicts by its own LRU")
+      ->check(CLI::IsMember({"lru", "cost"}));
   app.add_option("--dir", dir, "where the disk tiers live (a temporary directory under it, removed at exit)")
       ->check(CLI::ExistingDirectory);
   app.add_option("--faults", faults, fault_help);
@@ -339,6 +347,11 @@ int main(int argc, char** argv) {
     if (bytes == 0) return usage_error(app, "--tier-capacity: must be > 0, got \"" + capacity + "\"");
     o.tier_options.memory_bytes = bytes;
   }
+  if (!cache_policy.empty()) {
+    o.cache_policy = cache_policy == "cost" ? kvfuse::CachePolicy::cost : kvfuse::CachePolicy::lru;
+    o.cache_budget = o.tier_options.memory_bytes;  // a share sets it per model, in run_model
+    o.tier_options.memory_bytes = std::size_t{1} << 62;
+  }
   try {
     o.faults = parse_faults(faults);
   } catch (const InputError& e) {
@@ -395,6 +408,7 @@ int main(int argc, char** argv) {
                             {"slots", slots},         {"snapshot_slots", snapshot_slots}, {"checkpoints", checkpoints},
                             {"state_capacity", state_capacity}, {"hash_eviction", hash_eviction}};
   if (state_scale != 1) options["state_scale"] = state_scale;
+  if (!cache_policy.empty()) options["cache_policy"] = cache_policy;
   const nlohmann::json j = to_json(reports, w, options);
   try {
     if (!json_out.empty()) write_whole(json_out, j.dump(2) + "\n");

@@ -7,12 +7,14 @@
 #include "tiers.hpp"
 #include "workload.hpp"
 
+#include <kvfuse/engine/cache_policy.hpp>
 #include <kvfuse/engine/checkpoint_policy.hpp>
 #include <kvfuse/engine/index_options.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 namespace replay {
 
@@ -37,6 +39,11 @@ struct RunOptions {
   kvfuse::CheckpointPolicy checkpoints{};  ///< where stateful requests capture state checkpoints
   std::size_t state_capacity = std::size_t{1} << 18;             ///< the index's state hash capacity
   kvfuse::HashEviction hash_eviction = kvfuse::HashEviction::lru;  ///< which state hash goes at that capacity
+  /// --cache-policy: the engine's CacheLedger owns the tier budget (cache_budget bytes per
+  /// rank) and erases what it evicts; the tiers are then unlimited. None: each tier evicts
+  /// by its own LRU at tier_options.memory_bytes, as before.
+  std::optional<kvfuse::CachePolicy> cache_policy;
+  std::uint64_t cache_budget = 0;
   bool offload = true;              ///< false: the first pass of --two-pass (no loads, no saves, no faults)
   bool sync_saves = false;          ///< each request's saves land before the next arrives
   double speed = 0;                 ///< 0: as fast as possible; else simulated ms per wall ms

@@ -50,6 +50,7 @@ bool Pass<Group>::admit(const Request& q) {
   }
   const AdmitRequest ar{request, q.prompt_tokens, a.hbm, q.chunk_keys, blocks, checkpoints, slot};
   AdmitDecision d;
+  (void)lookup_.take_last();
   if (composition_) {
     if (request_coin(o_.seed, q.index, 11, 250)) composition_->publish(request, q);
     d = coord_.admit(ar, composition_->arbiter());
@@ -69,6 +70,7 @@ bool Pass<Group>::admit(const Request& q) {
   // blocks (its orphaned load in flight): two admissions of one RequestId, freed apart.
   if (book_.admissions_of(request) > 0) ++result_.readmitted_while_held;
   a.checkpoints = std::move(d.checkpoints);
+  a.looked_up = lookup_.take_last();
   a.plan = d.plan;
   a.pd = d.sub && *d.sub == 0;
   a.parked_at = WallClock::now();
@@ -135,29 +137,40 @@ void Pass<Group>::run_due_stops() {
       const Stop stop = a.stops.front();
       a.stops.erase(a.stops.begin());
       const std::uint64_t state = a.forward.run_to(*ranks_, *a.req, e.blocks, stop.at);
-      const bool handed =
-          std::binary_search(a.checkpoints.begin(), a.checkpoints.end(), stop.at) && checkpoint(a, stop.at, state);
-      // A generation-end checkpoint that is also a prefill one went to the Coordinator already.
-      if (stop.at == a.generation_end && !handed) a.captured = Captured{stop.at, state};
+      const Handed handed = std::binary_search(a.checkpoints.begin(), a.checkpoints.end(), stop.at)
+                                ? checkpoint(a, stop.at, state)
+                                : Handed::no;
+      // A generation-end checkpoint that is also a prefill one went to the Coordinator (or
+      // was refused) already.
+      if (stop.at == a.generation_end && handed == Handed::no) a.captured = Captured{stop.at, state};
     }
     if (a.stops.size() == 1 && a.stops.front().due_ms <= now_ms_) finish(e);
   }
 }
 
 template <class Group>
-bool Pass<Group>::checkpoint(const Attempt& a, TokenCount boundary, std::uint64_t state) {
+auto Pass<Group>::checkpoint(const Attempt& a, TokenCount boundary, std::uint64_t state) -> Handed {
   const std::optional<SlotId> taken = snapshots_.take();
   if (!taken) {
     ++result_.checkpoints_skipped;
-    return false;
+    return Handed::no;
   }
   const SlotId snapshot = *taken;
-  write_state(*ranks_, snapshot, state);
   const Checkpoint c{boundary, StateChain::of(model_.id, *a.req, boundary)};
+  const bool known = ledger_ && ledger_->contains(CacheKey{c.hash, EntryKind::state});
+  if (!keep(state_entry(*a.req, boundary, c.hash))) {
+    ++result_.checkpoints_refused;
+    (void)snapshots_.give(snapshot);
+    return Handed::refused;
+  }
+  write_state(*ranks_, snapshot, state);
   const CheckpointResult r = coord_.checkpoint(c, snapshot);
   if (r == CheckpointResult::saved) faults_.checkpoint_saved(*a.req, c.hash);
   else (void)snapshots_.give(snapshot);  // nothing was sent: nothing reads it
-  return r == CheckpointResult::saved || r == CheckpointResult::already_indexed;
+  const bool has = r == CheckpointResult::saved || r == CheckpointResult::already_indexed;
+  // Admitted but not sent and not already there: the ledger must not count it.
+  if (ledger_ && !has && !known) (void)ledger_->forget(CacheKey{c.hash, EntryKind::state});
+  return has ? Handed::yes : Handed::no;
 }
 
 template <class Group>
@@ -174,11 +187,19 @@ void Pass<Group>::finish(Entry& e) {
     (void)book_.close(e.admission, blocks_, slots_);  // no Coordinator: its blocks and slot go back now
     return;
   }
+  // The ledger sees the KV first, so the checkpoint stands on kept chunks: what the
+  // Coordinator sends, the chunks above the admission's lookup (its save watermark).
+  for (std::size_t c = a.looked_up; ledger_ && c < total / chunk_tokens; ++c) (void)keep(kv_entry(q, c));
   std::optional<Checkpoint> checkpoint;
   if (a.captured) {
-    write_state(*ranks_, *e.slot, a.captured->state);
-    checkpoint = Checkpoint{a.captured->boundary, StateChain::of(model_.id, q, a.captured->boundary)};
-    faults_.checkpoint_saved(q, checkpoint->hash);
+    const Checkpoint c{a.captured->boundary, StateChain::of(model_.id, q, a.captured->boundary)};
+    if (keep(state_entry(q, c.boundary, c.hash))) {
+      write_state(*ranks_, *e.slot, a.captured->state);
+      checkpoint = c;
+      faults_.checkpoint_saved(q, checkpoint->hash);
+    } else {
+      ++result_.checkpoints_refused;
+    }
   }
   (void)coord_.finish(FinishRequest{e.request, total, q.chunk_keys, e.blocks, checkpoint, e.slot});
   (void)book_.end(e.request);  // its blocks and slot go back with its Freed

@@ -215,6 +215,14 @@ void print_table(const std::vector<ModelReport>& models, const Workload& w) {
       std::printf("  tier capacity of %s: %s%% of its unlimited working set, %s of %s bytes per rank\n", m.run.model.c_str(),
                   share, thousands(c->capacity_bytes).c_str(), thousands(c->working_set_bytes).c_str());
     }
+  for (const ModelReport& m : models)
+    if (const auto& l = m.run.cache_ledger) {
+      std::printf("  cache ledger of %s (%s): keeps %s of %s bytes per rank (state %s), evicted %s KV / %s state, "
+                  "refused %s first-seen checkpoints\n",
+                  m.run.model.c_str(), std::string(kvfuse::to_string(*m.run.cache_policy)).c_str(), thousands(l->bytes).c_str(),
+                  thousands(l->budget_bytes).c_str(), thousands(l->state_bytes).c_str(), thousands(l->evicted_kv).c_str(),
+                  thousands(l->evicted_state).c_str(), thousands(l->refused_first_seen).c_str());
+    }
 }
 
 nlohmann::json to_json(const std::vector<ModelReport>& models, const Workload& w, const nlohmann::json& options) {
@@ -232,6 +240,20 @@ nlohmann::json to_json(const std::vector<ModelReport>& models, const Workload& w
       if (!row.key.empty() && row.value) x[nlohmann::json::json_pointer(row.key)] = row.value(m);
     if (const auto& c = m.capacity)  // only with a share, so byte-capacity reports keep their keys
       x["tier_capacity"] = {{"percent", c->percent}, {"working_set_bytes", c->working_set_bytes}, {"bytes", c->capacity_bytes}};
+    if (const auto& l = m.run.cache_ledger)  // only with --cache-policy
+      x["cache_ledger"] = {{"policy", kvfuse::to_string(*m.run.cache_policy)},
+                           {"budget_bytes", l->budget_bytes},
+                           {"bytes", l->bytes},
+                           {"kv_bytes", l->kv_bytes},
+                           {"state_bytes", l->state_bytes},
+                           {"admitted", l->admitted},
+                           {"evicted_kv", l->evicted_kv},
+                           {"evicted_state", l->evicted_state},
+                           {"refused_first_seen", l->refused_first_seen},
+                           {"refused_too_large", l->refused_too_large},
+                           {"uses", l->uses},
+                           {"forgotten", l->forgotten},
+                           {"checkpoints_refused", m.run.checkpoints_refused}};
     ok = ok && m.must_be_zero_total() == 0;
     j["models"][m.run.model] = x;
   }

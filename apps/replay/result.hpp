@@ -63,7 +63,10 @@ struct RunResult {
   std::uint64_t checkpoints_saved = 0;         ///< state checkpoints sent (mid-prefill and at finish)
   std::uint64_t checkpoints_deduplicated = 0;  ///< not sent: the index already had the hash
   std::uint64_t checkpoints_skipped = 0;       ///< prefill checkpoints not taken: no snapshot slot was free
+  std::uint64_t checkpoints_refused = 0;       ///< not sent: the cache ledger refused them (--cache-policy cost)
   std::uint64_t state_bytes_stored = 0;        ///< state bytes the ranks' tiers stored, all ranks
+  std::optional<kvfuse::CachePolicy> cache_policy;     ///< --cache-policy: the ledger's policy
+  std::optional<kvfuse::CacheLedgerStats> cache_ledger;  ///< --cache-policy: the ledger's counters at the end
   TierCalls tier_calls;                ///< every rank's tier calls, summed
   double wall_seconds = 0;
   // the numbers that must be zero

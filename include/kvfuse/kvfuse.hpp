@@ -22,6 +22,8 @@
 #include <kvfuse/engine/connector_names.hpp>
 #include <kvfuse/engine/planner.hpp>
 #include <kvfuse/engine/checkpoint_policy.hpp>
+#include <kvfuse/engine/cache_policy.hpp>
+#include <kvfuse/engine/cache_ledger.hpp>
 #include <kvfuse/engine/arbitration.hpp>
 #include <kvfuse/engine/coordinator_types.hpp>
 #include <kvfuse/engine/coordinator.hpp>
