@@ -688,24 +688,26 @@ class Replay:
                     for c in range(hbm // CHUNK, joint // CHUNK):
                         tier.get(keys[c])
                     frontier = joint
-                ck = self.checkpoint_id(q, claimed)
-                if tier.get(ck):
-                    resume = claimed
-                else:
-                    # A genuine miss: the hash is retracted, the watermark reset, and one
-                    # state-only load of the highest servable boundary below the frontier.
+
+                def restored(b: int) -> bool:
+                    # A state load of b: a genuine miss retracts the hash.
+                    ck = self.checkpoint_id(q, b)
+                    if tier.get(ck):
+                        return True
                     res.state_misses += 1
                     index.discard(ck)
+                    return False
+
+                if restored(claimed):
+                    resume = claimed
+                else:
+                    # The watermark is reset, and one state-only load of the highest servable
+                    # boundary below the frontier.
                     watermark = 0
                     fallback = max((b for b in servable if b <= min(claimed, frontier)
                                     and self.checkpoint_id(q, b) in index), default=0)
-                    if fallback:
-                        ck2 = self.checkpoint_id(q, fallback)
-                        if tier.get(ck2):
-                            resume = fallback
-                        else:
-                            res.state_misses += 1
-                            index.discard(ck2)
+                    if fallback and restored(fallback):
+                        resume = fallback
         used_hbm = min(resume, hbm)
         res.reused_hbm += used_hbm
         res.reused_tier += resume - used_hbm

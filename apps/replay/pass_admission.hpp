@@ -157,8 +157,8 @@ auto Pass<Group>::checkpoint(const Attempt& a, TokenCount boundary, std::uint64_
   }
   const SlotId snapshot = *taken;
   const Checkpoint c{boundary, StateChain::of(model_.id, *a.req, boundary)};
-  const bool known = ledger_ && ledger_->contains(CacheKey{c.hash, EntryKind::state});
-  if (!keep(state_entry(*a.req, boundary, c.hash))) {
+  const bool known = cache_.contains(CacheKey{c.hash, EntryKind::state});
+  if (!cache_.keep(cache_.state_entry(*a.req, boundary, c.hash))) {
     ++result_.checkpoints_refused;
     (void)snapshots_.give(snapshot);
     return Handed::refused;
@@ -169,7 +169,7 @@ auto Pass<Group>::checkpoint(const Attempt& a, TokenCount boundary, std::uint64_
   else (void)snapshots_.give(snapshot);  // nothing was sent: nothing reads it
   const bool has = r == CheckpointResult::saved || r == CheckpointResult::already_indexed;
   // Admitted but not sent and not already there: the ledger must not count it.
-  if (ledger_ && !has && !known) (void)ledger_->forget(CacheKey{c.hash, EntryKind::state});
+  if (!has && !known) cache_.forget(CacheKey{c.hash, EntryKind::state});
   return has ? Handed::yes : Handed::no;
 }
 
@@ -189,11 +189,11 @@ void Pass<Group>::finish(Entry& e) {
   }
   // The ledger sees the KV first, so the checkpoint stands on kept chunks: what the
   // Coordinator sends, the chunks above the admission's lookup (its save watermark).
-  for (std::size_t c = a.looked_up; ledger_ && c < total / chunk_tokens; ++c) (void)keep(kv_entry(q, c));
+  for (std::size_t c = a.looked_up; cache_.on() && c < total / chunk_tokens; ++c) (void)cache_.keep(cache_.kv_entry(q, c));
   std::optional<Checkpoint> checkpoint;
   if (a.captured) {
     const Checkpoint c{a.captured->boundary, StateChain::of(model_.id, q, a.captured->boundary)};
-    if (keep(state_entry(q, c.boundary, c.hash))) {
+    if (cache_.keep(cache_.state_entry(q, c.boundary, c.hash))) {
       write_state(*ranks_, *e.slot, a.captured->state);
       checkpoint = c;
       faults_.checkpoint_saved(q, checkpoint->hash);

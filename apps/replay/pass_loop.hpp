@@ -22,6 +22,7 @@
 
 #include "pass.hpp"
 
+#include "cache_owner.hpp"
 #include "composition.hpp"
 #include "compute.hpp"
 #include "content.hpp"
@@ -86,10 +87,9 @@ class Pass final : private FaultSite {
         blocks_(o.num_blocks),
         slots_(model.stateful ? o.num_slots : 0),
         snapshots_(model.stateful && o.offload ? o.snapshot_slots : 0, o.num_slots),
-        book_(4096) {
-    // A state of up to two chunks' KV is let in on first sight (CacheLedgerOptions).
-    if (o.offload && o.cache_policy)
-      ledger_.emplace(CacheLedgerOptions{*o.cache_policy, o.cache_budget, std::size_t{1} << 16, 2 * kv_chunk_bytes});
+        book_(4096),
+        cache_(o.offload ? o.cache_policy : std::nullopt, o.cache_budget, model, o.state_scale, *ranks_, transport_, keys_,
+               index_) {
     if (model.composition == Composition::loopback_pd) composition_ = std::make_unique<LoopbackComposition>(*ranks_, rt_, o.num_blocks);
     faults_.ranks_built();
   }
@@ -214,55 +214,6 @@ class Pass final : private FaultSite {
   /// generation-end checkpoint go to the Coordinator.
   void finish(Entry& e);
 
-  // ---- the cache ledger (--cache-policy) ------------------------------------------------------
-  static constexpr std::uint64_t kv_chunk_bytes = std::uint64_t{chunk_tokens} * kv_bytes_per_token;  // one rank's
-  // Every store goes through the ledger first; what it evicts is erased from every live
-  // rank's tier, and a checkpoint from the index too, so the index never serves what the
-  // tiers dropped and the tiers keep nothing the ledger does not count.
-
-  /// Hands `e` to the ledger; true when it may be saved (admitted, or kept already). Without
-  /// a ledger everything may.
-  bool keep(const CacheEntry& e) {
-    if (!ledger_) return true;
-    const CacheVerdict v = ledger_->store(e, [this](const CacheKey& k) { drop_everywhere(k); });
-    return v == CacheVerdict::admitted || v == CacheVerdict::already_kept;
-  }
-
-  void drop_everywhere(const CacheKey& k) {
-    for (std::uint32_t r = 0; r < o_.world; ++r)
-      if (transport_.alive(r))
-        (void)ranks_->tier(r).erase(k.kind == EntryKind::state ? keys_.state(k.hash, r) : keys_.kv(k.hash, r));
-    if (k.kind == EntryKind::state) (void)index_.forget(k.hash);
-  }
-
-  /// Chunk c of `q` as the ledger weighs it: one rank's KV of a chunk, needing chunk c - 1.
-  CacheEntry kv_entry(const Request& q, std::size_t c) const {
-    return CacheEntry{CacheKey{q.chunk_keys[c], EntryKind::kv_chunk},
-                      c == 0 ? std::nullopt : std::optional<CacheKey>(CacheKey{q.chunk_keys[c - 1], EntryKind::kv_chunk}),
-                      kv_chunk_bytes, cache_saved_tokens(EntryKind::kv_chunk, model_.stateful, chunk_tokens, 0)};
-  }
-
-  /// The checkpoint of `q` at `boundary`: one rank's state slot, needing the chunk that
-  /// covers the boundary (a joint load reads it whole), which with the chunks below it is
-  /// what its saving stands on.
-  CacheEntry state_entry(const Request& q, TokenCount boundary, PrefixHash hash) const {
-    const std::size_t covering = static_cast<std::size_t>((boundary + chunk_tokens - 1) / chunk_tokens - 1);
-    const TokenCount last = q.prompt_tokens - 1;
-    return CacheEntry{CacheKey{hash, EntryKind::state}, CacheKey{q.chunk_keys[covering], EntryKind::kv_chunk},
-                      std::uint64_t{o_.state_scale} * default_slot_bytes,
-                      cache_saved_tokens(EntryKind::state, true, chunk_tokens, boundary),
-                      std::uint64_t{covering + 1} * kv_chunk_bytes, boundary == last - last % chunk_tokens};
-  }
-
-  /// A load resumed `q` at `resume` over `hbm` tokens of HBM: the chunks it read from the
-  /// tier and the checkpoint it restored are uses.
-  void note_uses(const Request& q, TokenCount hbm, TokenCount resume) {
-    if (!ledger_ || resume == 0) return;
-    for (TokenCount c = hbm / chunk_tokens; c * chunk_tokens < resume && c < q.chunk_keys.size(); ++c)
-      (void)ledger_->use(CacheKey{q.chunk_keys[c], EntryKind::kv_chunk});
-    if (model_.stateful) (void)ledger_->use(CacheKey{StateChain::of(model_.id, q, resume), EntryKind::state});
-  }
-
   // ---- the coordinator's events ------------------------------------------------------------
   void step() {
     if constexpr (processes) {
@@ -319,7 +270,7 @@ class Pass final : private FaultSite {
     result_.outcome_state_missed += u.state_missed;
     if (u.tokens > 0) {
       ++result_.resumed_from_load;
-      note_uses(*a.req, a.hbm, u.tokens);
+      cache_.note_uses(*a.req, a.hbm, u.tokens);
       if (a.pd) ranks_->pd_landed(plan_blocks(e));
       const Checked c = check_load(*ranks_, *a.req, e.blocks, e.slot, a.plan,
                                    u.salvaged ? std::optional<TokenCount>(u.tokens) : std::nullopt);
@@ -404,9 +355,9 @@ class Pass final : private FaultSite {
     r.salvaged_tokens = cs.salvaged_tokens;
     r.second_loads = cs.second_loads;
     r.checkpoints_deduplicated = cs.checkpoints_deduplicated;
-    if (ledger_) {
-      r.cache_policy = ledger_->policy();
-      r.cache_ledger = ledger_->stats();
+    if (const auto& l = cache_.ledger()) {
+      r.cache_policy = l->policy();
+      r.cache_ledger = l->stats();
     }
     r.kv_loads_sent = transport_.kv_loads_sent();
     r.ranks_as = processes ? "processes" : "threads";
@@ -477,7 +428,7 @@ class Pass final : private FaultSite {
   SlotPool slots_;
   SlotPool snapshots_;  // after the request slots
   Book book_;           // every admission's blocks and slot, and what the pass knows of it
-  std::optional<CacheLedger> ledger_;  // --cache-policy: the one owner of what the tiers keep
+  CacheOwner cache_;    // --cache-policy: the one owner of what the tiers keep
 
   std::unordered_set<std::uint64_t> attempted_;
   std::deque<const Request*> queue_;
