@@ -13,6 +13,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -50,6 +51,7 @@ std::span<std::byte> no_staging() { return {}; }
 static_assert(Tier<MemoryTier<>>);
 static_assert(Tier<MemoryTier<CountingSource>>);
 static_assert(Tier<DelayTier<MemoryTier<>>>);
+static_assert(Tier<MemoryTier<PoolCountingSource>>);
 static_assert(PinnedMemorySource<HeapPinnedSource>);
 static_assert(PinnedMemorySource<CountingSource>);
 static_assert(!PinnedMemorySource<NotASource>);
@@ -311,4 +313,225 @@ TEST_CASE("R19 delay tier: a negative delay is a typed error that names the valu
     CHECK(e.code() == ErrorCode::invalid_argument);
     CHECK(std::string(e.what()).find("-5 ns") != std::string::npos);
   }
+}
+
+// ---- The pool (MemoryTierPool) ----
+
+namespace {
+
+// free + held + retired + filling == blocks, and the catalogue's bytes are block bytes.
+void check_pool_consistent(const MemoryTierStats& s, const MemoryTierPoolStats& p) {
+  CHECK(p.free_blocks + p.held_blocks + p.retired_blocks + p.filling_blocks == p.blocks);
+  CHECK(p.held_blocks == s.entries);
+  CHECK(s.bytes <= p.bytes);
+  CHECK(s.bytes <= s.capacity);
+}
+
+std::string thrown_by(std::size_t capacity, const MemoryTierPool& pool) {
+  try {
+    MemoryTier<> tier(capacity, pool);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    return e.what();
+  }
+  FAIL("the pool must be refused");
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("memory tier pool: puts make no allocate_pinned call after construction and the slabs go at destruction") {
+  PoolCountingSource source;
+  {
+    MemoryTier<PoolCountingSource> tier(1 << 20, source, MemoryTierPool{{1024, 8}, {4096, 4}, {65536, 2}});
+    CHECK(source.allocate_calls == 3);  // one slab per class
+    CHECK(source.allocated_bytes == 1024 * 8 + 4096 * 4 + 65536 * 2);
+    for (std::uint64_t round = 0; round < 5; ++round)
+      for (std::uint64_t h = 0; h < 20; ++h) REQUIRE(tier.put(key_of(h), pattern(h + round, 100 + 311 * h)));
+    for (std::uint64_t h = 0; h < 20; ++h) (void)tier.erase(key_of(h));
+    CHECK(source.allocate_calls == 3);
+    CHECK(source.free_calls == 0);
+    const auto p = tier.pool_stats();
+    CHECK(p.blocks == 14);
+    CHECK(p.free_blocks == 14);
+    CHECK(p.bytes == 1024 * 8 + 4096 * 4 + 65536 * 2);
+  }
+  CHECK(source.free_calls == 3);
+}
+
+TEST_CASE("memory tier pool: the smallest fitting class serves a put and stats count block bytes") {
+  MemoryTier<> tier(1 << 20, MemoryTierPool{{1024, 2}, {4096, 2}, {65536, 1}});
+  const auto a = pattern(1, 1000);
+  REQUIRE(tier.put(key_of(1), a));  // 1000 -> the 1024 class
+  CHECK(tier.pool_free_blocks(1024) == 1);
+  CHECK(tier.pool_free_blocks(4096) == 2);
+  REQUIRE(tier.put(key_of(2), pattern(2, 1025)));  // one over: the 4096 class
+  CHECK(tier.pool_free_blocks(1024) == 1);
+  CHECK(tier.pool_free_blocks(4096) == 1);
+  REQUIRE(tier.put(key_of(3), pattern(3, 1024)));  // exactly a class: that class
+  CHECK(tier.pool_free_blocks(1024) == 0);
+  REQUIRE(tier.put(key_of(4), pattern(4, 10)));  // its class is full, a larger one is free: no eviction
+  CHECK(tier.pool_free_blocks(4096) == 0);
+  CHECK(tier.pool_free_blocks(65536) == 1);
+  REQUIRE(tier.put(key_of(5), std::vector<std::byte>{}));  // zero bytes: the last free block
+  const auto s = tier.stats();
+  CHECK(s.evictions == 0);
+  CHECK(s.entries == 5);
+  CHECK(s.bytes == 1024 + 4096 + 1024 + 4096 + 65536);
+  const auto p = tier.pool_stats();
+  CHECK(p.free_blocks == 0);
+  check_pool_consistent(s, p);
+  const TierView v = tier.get(key_of(1), no_staging());
+  REQUIRE(v.hit());
+  CHECK(same(v.bytes(), a));
+}
+
+TEST_CASE("memory tier pool: a put larger than the largest class fails and is counted and keeps the old entry") {
+  PoolCountingSource source;
+  MemoryTier<PoolCountingSource> tier(1 << 20, source, MemoryTierPool{{1024, 2}, {4096, 2}});
+  const auto keep = pattern(1, 500);
+  REQUIRE(tier.put(key_of(1), keep));
+  CHECK_FALSE(tier.put(key_of(1), pattern(2, 4097)));  // fits the capacity, not the pool
+  CHECK_FALSE(tier.put(key_of(2), pattern(3, 1 << 19)));
+  const auto s = tier.stats();
+  const auto p = tier.pool_stats();
+  CHECK(s.put_failures == 2);
+  CHECK(p.oversize == 2);
+  CHECK(p.exhausted == 0);
+  CHECK(s.evictions == 0);
+  CHECK(source.allocate_calls == 2);  // never outside the pool
+  const TierView v = tier.get(key_of(1), no_staging());
+  REQUIRE(v.hit());
+  CHECK(same(v.bytes(), keep));
+}
+
+TEST_CASE("memory tier pool: an exhausted class evicts the least recently used fitting entry and then succeeds") {
+  MemoryTier<> tier(1 << 20, MemoryTierPool{{1024, 3}, {4096, 1}});
+  REQUIRE(tier.put(key_of(9), pattern(9, 4000)));  // the big block
+  for (std::uint64_t h = 1; h <= 3; ++h) REQUIRE(tier.put(key_of(h), pattern(h, 1000)));
+  (void)tier.get(key_of(9), no_staging());
+  (void)tier.get(key_of(1), no_staging());  // 2 is now the coldest entry
+  REQUIRE(tier.put(key_of(4), pattern(4, 1000)));
+  CHECK_FALSE(tier.contains(key_of(2)));
+  for (std::uint64_t h : {1u, 3u, 4u, 9u}) CHECK(tier.contains(key_of(h)));
+  CHECK(tier.stats().evictions == 1);
+  // A big put may only evict an entry whose block fits it: 9, although 3 is colder.
+  (void)tier.get(key_of(1), no_staging());
+  (void)tier.get(key_of(4), no_staging());
+  REQUIRE(tier.put(key_of(5), pattern(5, 2000)));
+  CHECK_FALSE(tier.contains(key_of(9)));
+  CHECK(tier.contains(key_of(3)));
+  // A small put with every block full takes the coldest fitting entry of any class.
+  (void)tier.get(key_of(5), no_staging());  // 3 is the coldest overall
+  REQUIRE(tier.put(key_of(6), pattern(6, 10)));
+  CHECK_FALSE(tier.contains(key_of(3)));
+  const auto s = tier.stats();
+  const auto p = tier.pool_stats();
+  CHECK(s.evictions == 3);
+  CHECK(p.exhausted == 0);
+  CHECK(p.free_blocks == 0);
+  check_pool_consistent(s, p);
+  const TierView v = tier.get(key_of(5), no_staging());
+  REQUIRE(v.hit());
+  CHECK(same(v.bytes(), pattern(5, 2000)));
+}
+
+TEST_CASE("memory tier pool: with every fitting block pinned by a view the put fails and is counted") {
+  MemoryTier<> tier(1 << 20, MemoryTierPool{{1024, 2}, {4096, 1}});
+  REQUIRE(tier.put(key_of(1), pattern(1, 1000)));
+  REQUIRE(tier.put(key_of(2), pattern(2, 1000)));
+  REQUIRE(tier.put(key_of(3), pattern(3, 4000)));
+  TierView big = tier.get(key_of(3), no_staging());
+  CHECK_FALSE(tier.put(key_of(4), pattern(4, 3000)));  // only the pinned big block fits
+  CHECK(tier.contains(key_of(3)));                     // a pinned entry is never evicted for it
+  TierView a = tier.get(key_of(1), no_staging());
+  TierView b = tier.get(key_of(2), no_staging());
+  const auto keep = pattern(5, 100);
+  CHECK_FALSE(tier.put(key_of(1), pattern(5, 100)));  // every block pinned: the overwrite fails
+  CHECK(same(a.bytes(), pattern(1, 1000)));
+  auto s = tier.stats();
+  auto p = tier.pool_stats();
+  CHECK(s.put_failures == 2);
+  CHECK(p.exhausted == 2);
+  CHECK(s.evictions == 0);
+  check_pool_consistent(s, p);
+  b = TierView();  // unpinned, so now it can go
+  REQUIRE(tier.put(key_of(6), keep));
+  CHECK_FALSE(tier.contains(key_of(2)));
+  CHECK(same(a.bytes(), pattern(1, 1000)));
+  CHECK(same(big.bytes(), pattern(3, 4000)));
+}
+
+TEST_CASE("memory tier pool: blocks return on erase, overwrite, eviction, clear and the last view release") {
+  MemoryTier<> tier(1 << 20, MemoryTierPool{{1024, 2}});
+  auto free_now = [&] { return tier.pool_stats().free_blocks; };
+  REQUIRE(tier.put(key_of(1), pattern(1, 100)));
+  CHECK(free_now() == 1);
+  CHECK(tier.erase(key_of(1)));  // erase
+  CHECK(free_now() == 2);
+  REQUIRE(tier.put(key_of(1), pattern(1, 100)));
+  REQUIRE(tier.put(key_of(1), pattern(2, 200)));  // overwrite: the old block comes back
+  CHECK(free_now() == 1);
+  CHECK(tier.stats().bytes == 1024);
+  REQUIRE(tier.put(key_of(2), pattern(3, 300)));
+  REQUIRE(tier.put(key_of(3), pattern(4, 400)));  // eviction of 1
+  CHECK_FALSE(tier.contains(key_of(1)));
+  CHECK(free_now() == 0);
+  CHECK(tier.pool_stats().held_blocks == 2);
+
+  {  // a view keeps an erased entry's block until it goes
+    TierView v = tier.get(key_of(2), no_staging());
+    CHECK(tier.erase(key_of(2)));
+    auto p = tier.pool_stats();
+    CHECK(p.free_blocks == 0);
+    CHECK(p.retired_blocks == 1);
+    CHECK(tier.stats().retired_bytes == 1024);
+    CHECK(same(v.bytes(), pattern(3, 300)));
+    TierView moved = std::move(v);
+    v = TierView();
+    CHECK(tier.pool_stats().retired_blocks == 1);
+    moved = TierView();  // last view: back on the free list
+    p = tier.pool_stats();
+    CHECK(p.free_blocks == 1);
+    CHECK(p.retired_blocks == 0);
+    CHECK(tier.stats().retired_bytes == 0);
+  }
+  {  // an overwrite under a view: the old block is retired, then returned
+    TierView v = tier.get(key_of(3), no_staging());
+    REQUIRE(tier.put(key_of(3), pattern(5, 500)));
+    CHECK(tier.pool_stats().retired_blocks == 1);
+    CHECK(tier.pool_stats().free_blocks == 0);
+    CHECK(same(v.bytes(), pattern(4, 400)));
+    v = TierView();
+    CHECK(tier.pool_stats().free_blocks == 1);
+    CHECK(tier.pool_stats().retired_blocks == 0);
+  }
+  tier.clear();  // clear
+  const auto p = tier.pool_stats();
+  CHECK(p.free_blocks == 2);
+  CHECK(p.held_blocks == 0);
+  CHECK(tier.stats().bytes == 0);
+  check_pool_consistent(tier.stats(), p);
+}
+
+TEST_CASE("memory tier pool: a bad pool is a typed error that names the bad value") {
+  CHECK(thrown_by(1 << 20, {{1024, 2}, {0, 4}}).find("class 1 class_bytes must be > 0, got 0") != std::string::npos);
+  CHECK(thrown_by(1 << 20, {{1024, 0}}).find("class_bytes 1024) count must be > 0, got 0") != std::string::npos);
+  const std::string too_big = thrown_by(1000, {{2000, 1}});
+  CHECK(too_big.find("class_bytes 2000 is larger than capacity_bytes 1000") != std::string::npos);
+  const std::string duplicate = thrown_by(1 << 20, {{4096, 1}, {4096, 2}});
+  CHECK(duplicate.find("class_bytes 4096 must be larger than the previous class's 4096") != std::string::npos);
+  const std::string unsorted = thrown_by(1 << 20, {{4096, 1}, {1024, 2}});
+  CHECK(unsorted.find("class 1 class_bytes 1024 must be larger than the previous class's 4096") != std::string::npos);
+  const std::string over = thrown_by(10000, {{1000, 5}, {2000, 3}});
+  CHECK(over.find("pool bytes (sum of class_bytes x count) 11000 exceed capacity_bytes 10000") != std::string::npos);
+  const std::string overflow = thrown_by(std::size_t{1} << 40, {{std::size_t{1} << 30, std::size_t{1} << 40}});
+  CHECK(overflow.find("overflows") != std::string::npos);
+  CHECK(thrown_by(0, {{1, 1}}).find("capacity_bytes must be > 0, got 0") != std::string::npos);
+  // Exactly the capacity is fine, and an empty pool is no pool.
+  MemoryTier<> exact(10000, MemoryTierPool{{1000, 6}, {2000, 2}});
+  CHECK(exact.pool_stats().bytes == 10000);
+  MemoryTier<> none(1000, MemoryTierPool{});
+  CHECK(none.pool_stats().blocks == 0);
+  CHECK(none.put(key_of(1), pattern(1, 1000)));
 }

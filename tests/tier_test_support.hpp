@@ -4,8 +4,10 @@
 #include <kvfuse/tier/tier.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
 #include <vector>
 
@@ -38,5 +40,22 @@ inline std::vector<std::byte> pattern(std::uint64_t seed, std::size_t n) {
 inline bool same(std::span<const std::byte> a, const std::vector<std::byte>& b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
 }
+
+/// A PinnedMemorySource that counts every call, for the pool tests: after construction a
+/// pooled MemoryTier must make none. Thread-safe (atomics), so the concurrent test uses it too.
+struct PoolCountingSource {
+  std::atomic<int> allocate_calls{0};
+  std::atomic<int> free_calls{0};
+  std::atomic<std::size_t> allocated_bytes{0};
+  void* allocate_pinned(std::size_t bytes) {
+    ++allocate_calls;
+    allocated_bytes += bytes;
+    return ::operator new(bytes == 0 ? 1 : bytes);
+  }
+  void free_pinned(void* p) noexcept {
+    ++free_calls;
+    ::operator delete(p);
+  }
+};
 
 }  // namespace kvfuse::testing
