@@ -49,7 +49,8 @@ The policies, over the same replay:
   used), L = max(L, its H). saved_tokens (cache_saved_tokens): a dense KV chunk 512, a
   stateful model's KV chunk 128 (a quarter: it spares nothing without a checkpoint above
   it), a checkpoint at B: B. A checkpoint whose hash was never seen (stored, refused,
-  evicted) is refused when it fits only by evicting. As the C++ ledger does: a store of a
+  evicted) is refused when it fits only by evicting; so is a dense model's KV chunk never
+  seen before (kv_on_second_sight: the replay sets it for dense). As the C++ ledger does: a store of a
   kept entry is a use, and the entry a store needs is linked before the evictions (a store
   never evicts what it stands on; if only such entries are left the store is refused as
   too large). It is the replay's `--cache-policy cost` (an engine-side CacheLedger over
@@ -57,7 +58,13 @@ The policies, over the same replay:
   checkpoint store asks the ledger first (a kept one is a use, even when the Coordinator then
   deduplicates it), a checkpoint the ledger evicts is forgotten by the index, a checkpoint
   counts 4096 x F bytes (no DSV4 sidecar: state_entry), and a prefill checkpoint the ledger
-  refused is not offered again at finish when it is also the generation-end one.
+  refused is not offered again at finish when it is also the generation-end one. At finish
+  the KV chunks go to a ledger in order and the save stops at the first it does not keep
+  (they are a prefix chain: the Coordinator sends only the kept prefix; the ledger still
+  sees the chunks above, which is what lets a dense prefix in on its second sight, and
+  forgets a new one it admitted there), and the generation-end
+  checkpoint is not offered when its covering chunk was not kept; no checkpoint is offered
+  when a chunk is larger than the whole budget.
   checkpoints_saved counts what reached the index, checkpoints_refused the refusals.
 - `ledger-lru`: the replay's `--cache-policy lru`: the ledger's LRU (any entry may go,
   everything that fits comes in) with the same wiring (no stale hashes, a store of a kept
@@ -74,6 +81,10 @@ The policies, over the same replay:
   this is a strong offline reference, not a proven optimum: with dependencies and
   variable sizes no simple rule is. `belady-bypass` also refuses a new entry whose next use
   is farther than every evictable entry's.
+- `reused-oracle`: knows which entries a later request reads, and how often, not when: it
+  refuses an entry nobody reads again and evicts the leaf with the fewest reads left per
+  byte (GDSF, with the same wiring as `cost`). The gap between it and Belady is what
+  knowing *when* is worth.
 
 What it does not model: faults, preemption, concurrency (it is --sync-saves only), the
 break-even and min-load rules (off in the replay), snapshot slots running out, the index's
@@ -97,7 +108,7 @@ KV_BYTES = CHUNK * 8  # one chunk's KV on one rank (content.hpp: 8 bytes per tok
 STATE_UNIT = 4096  # a state slot at --state-scale 1 (content.hpp default_slot_bytes)
 DSV4_SIDECAR = 24  # state_legs.hpp SlotSidecar
 MODELS = ("dense", "dsv4", "k3")
-POLICIES = ("lru", "cost", "belady")  # also ledger-lru (--cache-policy lru) and belady-bypass
+POLICIES = ("lru", "cost", "belady")  # also ledger-lru (--cache-policy lru), belady-bypass and reused-oracle
 INF = math.inf
 
 
@@ -377,6 +388,14 @@ class DependentTier:
     def on_evicted(self, e) -> None:
         pass
 
+    def forget(self, e) -> None:
+        # CacheLedger::forget: dropped without a victim's accounting (not an eviction).
+        ent = self.kept.pop(e, None)
+        if ent is None:
+            return
+        self.bytes -= ent[3]
+        self._link(self.sim.parent_of(e), -1)
+
     def contains(self, e) -> bool:
         return e in self.kept
 
@@ -452,7 +471,16 @@ class CostTier(DependentTier):
 
     def refuse(self, e, size, fits):
         if not isinstance(e, tuple):
-            return False
+            if self.sim.stateful:
+                return False
+            # A dense model's KV chunk comes in on second sight (the replay's CacheLedger with
+            # kv_on_second_sight): never seen before, only when it fits without an eviction.
+            # The ledger's seen set of 2^16 KV keys is never full here (20,050 keys in the
+            # first 1000 requests of the shipped trace), so a set models it. Larger than the
+            # budget: too large, as the ledger says, not refused.
+            first_seen = e not in self.seen
+            self.seen.add(e)
+            return first_seen and not fits and size <= self.cap
         first_seen = e not in self.seen
         self.seen.add(e)
         # Light (at most two chunks' KV, the replay's light_state_bytes) and prompt-end
@@ -497,6 +525,11 @@ class LedgerLruTier(LruTier):
         self.bytes += size
         return True
 
+    def forget(self, e) -> None:
+        size = self.od.pop(e, None)
+        if size is not None:
+            self.bytes -= size
+
 
 class BeladyTier(DependentTier):
     """The offline reference: the leaf next used farthest in the future goes."""
@@ -536,6 +569,31 @@ class BeladyTier(DependentTier):
         return self.next_use(e) > -prio
 
 
+class ReusedOracleTier(CostTier):
+    """`reused-oracle`: knows which entries are read again and how often, not when. It
+    refuses an entry no later request reads and weighs the rest by the reads still to come
+    (GDSF, as `cost`, with w = reads left). What it reaches bounds any policy that learns
+    only *which* entries are shared; what Belady reaches above it is knowing *when*."""
+
+    def __init__(self, capacity, sim):
+        super().__init__(capacity, sim)
+        self.now = -1
+
+    def tick(self, t):
+        self.now = t
+
+    def reads_left(self, e) -> int:
+        uses = self.sim.uses.get(e, ())
+        return len(uses) - bisect.bisect_right(uses, self.now)
+
+    def priority(self, e, hits, size):
+        footprint = size + (-(-e[1] // CHUNK)) * KV_BYTES if isinstance(e, tuple) else size
+        return self.inflation + self.reads_left(e) * self.saved_tokens(e) / footprint
+
+    def refuse(self, e, size, fits):
+        return self.reads_left(e) == 0
+
+
 def make_tier(policy: str, capacity: float, sim: "Replay"):
     if policy == "lru":
         return LruTier(capacity)
@@ -547,6 +605,8 @@ def make_tier(policy: str, capacity: float, sim: "Replay"):
         return BeladyTier(capacity, sim)
     if policy == "belady-bypass":
         return BeladyTier(capacity, sim, bypass=True)
+    if policy == "reused-oracle":
+        return ReusedOracleTier(capacity, sim)
     raise SystemExit(f"unknown policy {policy}")
 
 
@@ -639,6 +699,11 @@ class Replay:
     def _save_state(self, ck, tier, index, res) -> bool:
         """A checkpoint store; returns False when a ledger refused it."""
         if getattr(tier, "ledger", False):
+            if KV_BYTES > tier.cap:
+                # A budget smaller than a chunk keeps no KV for a checkpoint to stand on: the
+                # replay refuses it before the ledger sees it.
+                res.checkpoints_refused += 1
+                return False
             # The replay's checkpoint() and finish(): the ledger first (a kept one is a use),
             # then the Coordinator, which deduplicates a hash the index serves. What the
             # ledger evicts the index forgets, so the index serves only what it keeps.
@@ -724,10 +789,27 @@ class Replay:
                     self._save_state(self.checkpoint_id(q, b), tier, index, res)
                 elif b == gen_end:
                     captured = b
-        for c in range(watermark // CHUNK, total // CHUNK):
-            tier.put(keys[c], KV_BYTES)
+        # A ledger's KV is a prefix chain: finish() saves only up to the first chunk it does
+        # not keep, and a checkpoint whose covering chunk is above that is not offered. The
+        # ledger still sees every chunk (a dense chunk's sighting counts); one it admits
+        # above the gap, new, is not sent, so it is forgotten again.
+        ledger = getattr(tier, "ledger", False)
+        chunks = total // CHUNK
+        kept_end = chunks
+        for c in range(watermark // CHUNK, chunks):
+            known = tier.contains(keys[c])
+            kept = tier.put(keys[c], KV_BYTES)
+            if not ledger:
+                continue
+            if not kept and kept_end == chunks:
+                kept_end = c
+            elif kept and c > kept_end and not known:
+                tier.forget(keys[c])
         if captured:
-            self._save_state(self.checkpoint_id(q, captured), tier, index, res)
+            if -(-captured // CHUNK) - 1 < kept_end:
+                self._save_state(self.checkpoint_id(q, captured), tier, index, res)
+            else:
+                res.checkpoints_refused += 1
 
 
 # ------------------------------------------------------------------------------- the grid
@@ -853,7 +935,7 @@ def main(argv=None) -> int:
     ap.add_argument("--state-scales", default="1,64")
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--policies", default=",".join(POLICIES),
-                    help="lru (the tier's own LRU), cost and ledger-lru (--cache-policy cost / lru), belady, belady-bypass")
+                    help="lru (the tier's own LRU), cost and ledger-lru (--cache-policy cost / lru), belady, belady-bypass, reused-oracle")
     ap.add_argument("--checkpoints", default="default", help="default, last, all, every:N (the replay's --checkpoints)")
     ap.add_argument("--size-by", help="size the shares by this placement's working set (default: the --checkpoints one)")
     ap.add_argument("--json", help="write the numbers here")

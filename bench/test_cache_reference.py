@@ -140,6 +140,7 @@ class CostCases(unittest.TestCase):
     def test_gdsf_inflation(self):
         sim = StandIn({e: None for e in "abcde"}, [0], [None], stateful=False)
         tier = cr.CostTier(2 * KV, sim)
+        tier.seen.update("abcde")  # all seen before: a dense chunk comes in on second sight
         tier.put("a", KV)
         tier.put("b", KV)  # both 0 + 512 / 4096 = 0.125
         tier.get("a")  # a KV chunk's uses do not weigh: still 0.125, but more recent
@@ -165,6 +166,26 @@ class CostCases(unittest.TestCase):
         self.assertEqual(tier.kept[0][0], 128 / KV)  # a chunk's use: no weight
 
 
+    def test_dense_kv_comes_in_on_second_sight(self):
+        dense = StandIn({e: None for e in "abcd"}, [0], [None], stateful=False)
+        tier = cr.CostTier(2 * KV, dense)
+        self.assertTrue(tier.put("a", KV))  # first seen, but it fits: admitted
+        self.assertTrue(tier.put("b", KV))
+        self.assertFalse(tier.put("c", KV))  # first seen, needs an eviction: refused
+        self.assertEqual((tier.refusals, tier.evictions), (1, 0))
+        self.assertTrue(tier.put("c", KV))  # seen now: admitted, evicting a
+        self.assertEqual((set(tier.kept), tier.refusals, tier.evictions), ({"b", "c"}, 1, 1))
+        self.assertFalse(tier.put("d", 3 * KV))  # larger than the budget: too large, not refused
+        self.assertEqual((tier.refusals, tier.too_large), (1, 1))
+        # A hybrid's chunk and lru: every chunk that fits the budget comes in.
+        hybrid = cr.CostTier(2 * KV, StandIn({e: None for e in "abc"}, [0], [None]))
+        lru = cr.make_tier("ledger-lru", 2 * KV, dense)
+        for t in (hybrid, lru):
+            for e in "abc":
+                self.assertTrue(t.put(e, KV))
+            self.assertEqual(t.refusals, 0)
+
+
 class BeladyCases(unittest.TestCase):
     def test_leaves_only(self):
         # Belady may not evict what a kept entry needs even if it is never used again.
@@ -176,6 +197,22 @@ class BeladyCases(unittest.TestCase):
         tier.put(1, KV)
         tier.put(5, KV)  # the only leaf is 1 (next use 3): it goes, then 0 is a leaf again
         self.assertEqual(set(tier.kept), {0, 5})
+
+
+class ReusedOracleCases(unittest.TestCase):
+    def test_refuses_what_is_never_read_and_weighs_reads_left(self):
+        # Dense chunks, no dependencies. 1 is read twice more, 2 once, 3 never.
+        sim = StandIn({1: None, 2: None, 3: None, 4: None}, [0], [None], stateful=False)
+        sim.uses = {1: [1, 2], 2: [1], 4: [3]}
+        tier = cr.ReusedOracleTier(2 * KV, sim)
+        tier.tick(0)
+        self.assertTrue(tier.put(1, KV))
+        self.assertTrue(tier.put(2, KV))
+        self.assertFalse(tier.put(3, KV))  # never read again: refused, nothing evicted
+        self.assertEqual((tier.refusals, tier.evictions), (1, 0))
+        # 4 (one read left) evicts 2 (one read left, older): 1 (two left) stays.
+        self.assertTrue(tier.put(4, KV))
+        self.assertEqual(set(tier.kept), {1, 4})
 
 
 class LedgerCases(unittest.TestCase):
@@ -206,6 +243,31 @@ class LedgerCases(unittest.TestCase):
         self.assertEqual(sim.run("lru", cr.INF).state_bytes, 2 * 4096 + cr.DSV4_SIDECAR)
         self.assertEqual(sim.run("cost", cr.INF).state_bytes, 2 * 4096)
         self.assertEqual(sim.run("ledger-lru", cr.INF).state_bytes, 2 * 4096)
+
+    def test_a_dense_prefix_comes_in_on_its_second_sight(self):
+        # A budget of three chunks, filled by request 0. Request 1's three chunks are first
+        # seen and need room: all refused, but the ledger has seen all three (finish offers
+        # the chunks above a refused one too). Request 2, the same prompt, stores all three
+        # (seen), evicting request 0's; request 3 reads them. Had the save stopped offering
+        # at the first refusal, each repeat would have let in one chunk more.
+        t = trace_of([(1537, 0, [9, 8, 7, 6])] + [(1537, 0, [1, 2, 3, 4])] * 3)
+        r = cr.Replay(t, "dense", 1, cr.CheckpointPolicy()).run("cost", 3 * KV)
+        self.assertEqual((r.reused_tier, r.refusals, r.evictions, r.too_large), (1536, 3, 3, 0))
+        # The ledger's lru lets every chunk that fits in: requests 2 and 3 read request 1's.
+        self.assertEqual(cr.Replay(t, "dense", 1, cr.CheckpointPolicy()).run("ledger-lru", 3 * KV).reused_tier, 2 * 1536)
+
+    def test_a_checkpoint_on_a_refused_chunk_is_not_offered(self):
+        # k3, state one chunk (light), a budget of two. Prefill checkpoint at 1024 (needs
+        # chunk 1), then chunk 0; chunk 1 evicts the checkpoint (chunk 0 is pinned); chunk 2
+        # finds only what it stands on: too large, so the KV sent stops at chunk 2 and the
+        # generation-end checkpoint at 1536, which needs chunk 2, is not offered.
+        t = trace_of([(1025, 512, [1, 2, 3])])
+        r = cr.Replay(t, "k3", 1, cr.CheckpointPolicy()).run("cost", 2 * KV)
+        self.assertEqual((r.checkpoints_saved, r.checkpoints_refused, r.too_large, r.evictions), (1, 1, 1, 1))
+        # No chunk fits a budget smaller than one (all three are too large): no checkpoint is
+        # offered at all.
+        r = cr.Replay(t, "k3", 1, cr.CheckpointPolicy()).run("cost", KV - 1)
+        self.assertEqual((r.checkpoints_saved, r.checkpoints_refused, r.too_large), (0, 2, 3))
 
     def test_a_deduplicated_checkpoint_is_a_use(self):
         # checkpoint(): the ledger sees the store first (already kept: a use), then the

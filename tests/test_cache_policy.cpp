@@ -1,6 +1,6 @@
 // The cache policy and its owner (docs/reference.md#cache-policy): a table of the pure
 // functions, the ledger's behaviour by hand (a checkpoint keeps the KV it stands on, a
-// first-seen checkpoint is refused under pressure, GDSF's inflation ages a once-hot entry,
+// first-seen checkpoint (and, on second sight, a dense KV chunk) is refused under pressure, GDSF's inflation ages a once-hot entry,
 // forget heals, a use never allocates), its typed errors, and a property test: on random
 // stores, uses and forgets the ledger makes the same choices as a brute-force reference
 // written here over a plain vector, which picks each victim with cache_victim().
@@ -80,19 +80,25 @@ TEST_CASE("cache policy table: which entry goes and which comes in") {
   struct Row {
     CachePolicy policy;
     EntryKind kind;
-    bool fits, seen, light, prompt_end, admits;
+    bool fits, seen, light, prompt_end, second_sight, admits;
   };
   constexpr auto lru = CachePolicy::lru, cost = CachePolicy::cost;
   constexpr auto state = EntryKind::state, chunk = EntryKind::kv_chunk;
   const Row rows[] = {
-      {lru, state, false, false, false, false, true},    // lru lets everything in
-      {lru, chunk, false, false, false, false, true},
-      {cost, state, true, false, false, false, true},    // it fits: no one is evicted
-      {cost, state, false, false, false, false, false},  // heavy, first seen, mid-prompt: refused
-      {cost, state, false, true, false, false, true},    // seen before
-      {cost, state, false, false, true, false, true},    // light
-      {cost, state, false, false, false, true, true},    // the prompt's end
-      {cost, chunk, false, false, false, false, true},   // KV is never refused for being new
+      {lru, state, false, false, false, false, false, true},    // lru lets everything in
+      {lru, chunk, false, false, false, false, false, true},
+      {lru, chunk, false, false, false, false, true, true},     // second sight is `cost`'s
+      {cost, state, true, false, false, false, false, true},    // it fits: no one is evicted
+      {cost, state, false, false, false, false, false, false},  // heavy, first seen, mid-prompt: refused
+      {cost, state, false, true, false, false, false, true},    // seen before
+      {cost, state, false, false, true, false, false, true},    // light
+      {cost, state, false, false, false, true, false, true},    // the prompt's end
+      {cost, state, false, false, true, false, true, true},     // second sight is for KV only
+      {cost, chunk, false, false, false, false, false, true},   // KV is not refused for being new (a hybrid's)
+      {cost, chunk, false, false, false, false, true, false},   // dense KV, first seen, no room: refused
+      {cost, chunk, false, true, false, false, true, true},     // seen before
+      {cost, chunk, true, false, false, false, true, true},     // it fits
+      {cost, chunk, false, false, true, true, true, false},     // light and prompt_end are for checkpoints
   };
   for (const Row& r : rows) {
     CAPTURE(to_string(r.policy));
@@ -100,7 +106,8 @@ TEST_CASE("cache policy table: which entry goes and which comes in") {
     CAPTURE(r.seen);
     CAPTURE(r.light);
     CAPTURE(r.prompt_end);
-    CHECK(cache_admits(r.policy, CacheAdmission{r.kind, r.fits, r.seen, r.light, r.prompt_end}) == r.admits);
+    CAPTURE(r.second_sight);
+    CHECK(cache_admits(r.policy, CacheAdmission{r.kind, r.fits, r.seen, r.light, r.prompt_end, r.second_sight}) == r.admits);
   }
 }
 
@@ -192,6 +199,44 @@ TEST_CASE("cache ledger under cost refuses a first-seen checkpoint under pressur
   CHECK(lru.stats().refused_too_large == 1);
 }
 
+TEST_CASE("cache ledger with kv_on_second_sight admits a first-seen KV chunk only when it fits") {
+  CacheLedgerOptions o{CachePolicy::cost, 4};
+  o.kv_on_second_sight = true;
+  CacheLedger l(o);
+  (void)store(l, CacheEntry{kv(1), std::nullopt, 2, 512});  // first seen, but it fits
+  (void)store(l, CacheEntry{kv(2), std::nullopt, 2, 512});
+  (void)store(l, CacheEntry{kv(3), std::nullopt, 2, 512}, CacheVerdict::refused_first_seen);
+  CHECK_FALSE(l.contains(kv(3)));
+  CHECK(l.stats().evicted_kv == 0);
+  const auto gone = store(l, CacheEntry{kv(3), std::nullopt, 2, 512});  // seen now: evicts the older
+  REQUIRE(gone.size() == 1);
+  CHECK(gone[0] == kv(1));
+  // Too large is too large, first seen or not; and it counts as a sighting.
+  (void)store(l, CacheEntry{kv(4), std::nullopt, 5, 512}, CacheVerdict::refused_too_large);
+  // A checkpoint's sighting is not a chunk's of the same hash, nor the other way round.
+  (void)store(l, CacheEntry{st(5), std::nullopt, 4, 512}, CacheVerdict::refused_first_seen);
+  (void)store(l, CacheEntry{kv(5), std::nullopt, 2, 512}, CacheVerdict::refused_first_seen);
+  (void)store(l, CacheEntry{kv(6), std::nullopt, 2, 512}, CacheVerdict::refused_first_seen);
+  (void)store(l, CacheEntry{st(6), std::nullopt, 4, 512}, CacheVerdict::refused_first_seen);
+  CHECK(l.stats().refused_first_seen == 5);
+  CHECK(l.stats().refused_too_large == 1);
+  {
+    detail::AllocationScope scope;  // use and forget stay allocation-free with the option on
+    CHECK(l.use(kv(3)));
+    CHECK(l.forget(kv(2)));
+    CHECK(scope.this_thread() == 0);
+  }
+  // Off (the default, a hybrid's) or under lru: a new chunk comes in, evicting.
+  for (const CachePolicy policy : {CachePolicy::cost, CachePolicy::lru}) {
+    CacheLedgerOptions off{policy, 4};
+    off.kv_on_second_sight = policy == CachePolicy::lru;
+    CacheLedger m(off);
+    (void)store(m, CacheEntry{kv(1), std::nullopt, 2, 512});
+    (void)store(m, CacheEntry{kv(2), std::nullopt, 2, 512});
+    CHECK(store(m, CacheEntry{kv(3), std::nullopt, 2, 512}).size() == 1);
+  }
+}
+
 TEST_CASE("cache ledger under cost ages a once-used entry below newer ones (GDSF inflation)") {
   // Each entry 1 byte, budget 2. Checkpoint 1 spares 4 tokens and is used twice (priority
   // (1 + 2) x 4 = 12); then KV chunks of 3 tokens come and go: each eviction raises L to the
@@ -264,12 +309,20 @@ class Reference {
 
   CacheVerdict store(const CacheEntry& e, std::vector<CacheKey>& evicted) {
     if (use(e.key)) return CacheVerdict::already_kept;
-    const bool seen = e.key.kind == EntryKind::state && std::find(seen_.begin(), seen_.end(), e.key.hash.value) != seen_.end();
-    if (e.key.kind == EntryKind::state && !seen) seen_.push_back(e.key.hash.value);
+    // Sightings: every checkpoint's; a KV chunk's with kv_on_second_sight under cost, in a
+    // list of its own (a chunk and a checkpoint of one hash are different keys).
+    const bool state = e.key.kind == EntryKind::state;
+    std::vector<std::uint64_t>* sightings =
+        state ? &seen_ : (o_.kv_on_second_sight && o_.policy == CachePolicy::cost ? &seen_kv_ : nullptr);
+    const bool seen =
+        sightings != nullptr && std::find(sightings->begin(), sightings->end(), e.key.hash.value) != sightings->end();
+    if (sightings != nullptr && !seen) sightings->push_back(e.key.hash.value);
     if (e.bytes > o_.budget_bytes) return CacheVerdict::refused_too_large;
-    if (!cache_admits(o_.policy, CacheAdmission{e.key.kind, bytes() + e.bytes <= o_.budget_bytes, seen,
-                                                 e.bytes <= o_.light_state_bytes, e.prompt_end}))
-      return CacheVerdict::refused_first_seen;
+    // The rule written out, not cache_admits(): the reference must not share a bug with it.
+    const bool fits = bytes() + e.bytes <= o_.budget_bytes;
+    const bool admits = o_.policy == CachePolicy::lru || fits ||
+                        (state ? seen || e.bytes <= o_.light_state_bytes || e.prompt_end : !o_.kv_on_second_sight || seen);
+    if (!admits) return CacheVerdict::refused_first_seen;
     pending_ = e;  // counts as a needer while the victims are chosen
     while (bytes() + e.bytes > o_.budget_bytes) {
       std::vector<CacheFacts> facts = current_facts();
@@ -340,6 +393,7 @@ class Reference {
   CacheLedgerOptions o_;
   std::vector<Item> kept_;
   std::vector<std::uint64_t> seen_;
+  std::vector<std::uint64_t> seen_kv_;
   std::optional<CacheEntry> pending_;
   double inflation_ = 0;
   std::uint64_t clock_ = 0;
@@ -357,7 +411,8 @@ TEST_CASE("cache ledger agrees with a brute-force reference on random stores, us
   int checked = 0;
   for (int round = 0; round < 400; ++round) {
     const CachePolicy policy = round % 2 == 0 ? CachePolicy::lru : CachePolicy::cost;
-    const CacheLedgerOptions o{policy, 8 + rng() % 40, 1024, rng() % 3};
+    // Every other pair of rounds a dense ledger: KV on second sight (a no-op under lru).
+    const CacheLedgerOptions o{policy, 8 + rng() % 40, 1024, rng() % 3, (round / 2) % 2 == 1};
     CacheLedger ledger(o);
     Reference ref(o);
     // Prefixes over 12 chunk hashes: chunk c needs chunk c - 1 unless it starts a prefix;

@@ -27,7 +27,7 @@ class CacheOwner {
   CacheOwner(std::optional<kvfuse::CachePolicy> policy, std::uint64_t budget, const Model& model, std::uint32_t state_scale,
              Ranks& ranks, const Transport& transport, TierKeys keys, kvfuse::OffloadIndex<>& index)
       : model_(model), state_scale_(state_scale), ranks_(ranks), transport_(transport), keys_(keys), index_(index) {
-    if (policy) ledger_.emplace(kvfuse::CacheLedgerOptions{*policy, budget, std::size_t{1} << 16, 2 * kv_chunk_bytes});
+    if (policy) ledger_.emplace(kvfuse::CacheLedgerOptions{*policy, budget, std::size_t{1} << 16, 2 * kv_chunk_bytes, !model.stateful});
   }
 
   [[nodiscard]] bool on() const noexcept { return ledger_.has_value(); }

@@ -158,7 +158,11 @@ auto Pass<Group>::checkpoint(const Attempt& a, TokenCount boundary, std::uint64_
   const SlotId snapshot = *taken;
   const Checkpoint c{boundary, StateChain::of(model_.id, *a.req, boundary)};
   const bool known = cache_.contains(CacheKey{c.hash, EntryKind::state});
-  if (!cache_.keep(cache_.state_entry(*a.req, boundary, c.hash))) {
+  // The ledger keeps an entry whose `needs` it does not hold, so what a checkpoint stands
+  // on is the pass's to check: the KV below it comes at finish, and a budget smaller than a
+  // chunk will refuse every chunk (finish saves only the kept prefix).
+  const bool no_kv = cache_.on() && CacheOwner::kv_chunk_bytes > cache_.ledger()->stats().budget_bytes;
+  if (no_kv || !cache_.keep(cache_.state_entry(*a.req, boundary, c.hash))) {
     ++result_.checkpoints_refused;
     (void)snapshots_.give(snapshot);
     return Handed::refused;
@@ -188,12 +192,29 @@ void Pass<Group>::finish(Entry& e) {
     return;
   }
   // The ledger sees the KV first, so the checkpoint stands on kept chunks: what the
-  // Coordinator sends, the chunks above the admission's lookup (its save watermark).
-  for (std::size_t c = a.looked_up; cache_.on() && c < total / chunk_tokens; ++c) (void)cache_.keep(cache_.kv_entry(q, c));
+  // Coordinator sends, the chunks above the admission's lookup (its save watermark). They
+  // are a prefix chain (a chunk is useless without the one below), so the save stops at
+  // the first chunk the ledger does not keep: the Coordinator sends only the kept prefix.
+  // The ledger still sees every chunk above it: a dense chunk refused on first sight comes
+  // in on the second, and so must the chunks above it. What it admits above the gap (its
+  // refusals persist, so only a chunk seen again while the one below was forgotten) is not
+  // sent, so the ledger forgets it again, unless it was kept already.
+  const std::size_t chunks = total / chunk_tokens;
+  std::size_t kept_end = chunks;
+  for (std::size_t c = a.looked_up; cache_.on() && c < chunks; ++c) {
+    const CacheKey k{q.chunk_keys[c], EntryKind::kv_chunk};
+    const bool known = cache_.contains(k);
+    const bool kept = cache_.keep(cache_.kv_entry(q, c));
+    if (!kept && kept_end == chunks) kept_end = c;
+    else if (kept && c > kept_end && !known) cache_.forget(k);
+  }
+  const TokenCount computed = kept_end == chunks ? total : static_cast<TokenCount>(kept_end) * chunk_tokens;
   std::optional<Checkpoint> checkpoint;
   if (a.captured) {
     const Checkpoint c{a.captured->boundary, StateChain::of(model_.id, q, a.captured->boundary)};
-    if (cache_.keep(cache_.state_entry(q, c.boundary, c.hash))) {
+    // Its covering chunk (its `needs`) was refused: it would stand on nothing.
+    const std::size_t covering = static_cast<std::size_t>((c.boundary + chunk_tokens - 1) / chunk_tokens - 1);
+    if (covering < kept_end && cache_.keep(cache_.state_entry(q, c.boundary, c.hash))) {
       write_state(*ranks_, *e.slot, a.captured->state);
       checkpoint = c;
       faults_.checkpoint_saved(q, checkpoint->hash);
@@ -201,9 +222,9 @@ void Pass<Group>::finish(Entry& e) {
       ++result_.checkpoints_refused;
     }
   }
-  (void)coord_.finish(FinishRequest{e.request, total, q.chunk_keys, e.blocks, checkpoint, e.slot});
+  (void)coord_.finish(FinishRequest{e.request, computed, q.chunk_keys, e.blocks, checkpoint, e.slot});
   (void)book_.end(e.request);  // its blocks and slot go back with its Freed
-  for (std::size_t c = 0; c < total / chunk_tokens; ++c) saved_.push_back(q.chunk_keys[c]);
+  for (std::size_t c = 0; c < kept_end; ++c) saved_.push_back(q.chunk_keys[c]);
   if (saved_.size() > 4096) saved_.erase(saved_.begin(), saved_.begin() + 2048);
 }
 

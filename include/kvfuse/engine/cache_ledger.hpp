@@ -52,7 +52,7 @@ struct CacheEntry {
 enum class CacheVerdict : std::uint8_t {
   admitted,            ///< it is kept now (evicting what had to go)
   already_kept,        ///< it was kept: counted as a use
-  refused_first_seen,  ///< `cost`: a heavy checkpoint never seen before, not at its prompt's end, which fits only by evicting
+  refused_first_seen,  ///< `cost`: a heavy checkpoint never seen before, not at its prompt's end (or, kv_on_second_sight, a KV chunk never seen before), which fits only by evicting
   refused_too_large,   ///< larger than the whole budget
 };
 
@@ -71,10 +71,15 @@ constexpr std::string_view to_string(CacheVerdict v) noexcept {
 struct CacheLedgerOptions {
   CachePolicy policy = CachePolicy::lru;
   std::uint64_t budget_bytes = 0;           ///< what may be kept at once; must be > 0
-  std::size_t seen_capacity = std::size_t{1} << 16;  ///< checkpoint keys remembered for admission, in [1, 2^31]
+  std::size_t seen_capacity = std::size_t{1} << 16;  ///< checkpoint keys remembered for admission (and as many KV keys with kv_on_second_sight), in [1, 2^31]
   /// `cost`: a first-seen checkpoint at most this large comes in under pressure (0: none
   /// does). The replay sets two KV chunks: a state that small is worth the gamble.
   std::uint64_t light_state_bytes = 0;
+  /// `cost`: a KV chunk never seen before comes in only when it fits without an eviction
+  /// (CacheAdmission::kv_on_second_sight); its key is remembered, in a set of seen_capacity
+  /// KV keys of its own, for the second sight. For a dense model: off, a stateful model's
+  /// checkpoints would lose the KV they stand on (docs/replay.md#cache-policy).
+  bool kv_on_second_sight = false;
 };
 
 /// Every counter of a ledger, read in O(1).
@@ -105,7 +110,10 @@ class CacheLedger {
   /// Throws Error(invalid_argument) naming `budget_bytes` (zero), `policy` (out of range) or
   /// `seen_capacity` (outside [1, 2^31]).
   explicit CacheLedger(const CacheLedgerOptions& o)
-      : o_(checked(o)), filing_(Order{o.policy}), seen_(o.seen_capacity, false) {
+      : o_(checked(o)),
+        filing_(Order{o.policy}),
+        seen_(o.seen_capacity, false),
+        seen_kv_(second_sight() ? o.seen_capacity : 1, false) {
     stats_.budget_bytes = o.budget_bytes;
   }
   CacheLedger(const CacheLedger&) = delete;
@@ -123,14 +131,18 @@ class CacheLedger {
       return CacheVerdict::already_kept;
     }
     const std::uint64_t bytes = e.bytes == 0 ? 1 : e.bytes;
-    const bool seen = e.key.kind == EntryKind::state && seen_.contains(e.key.hash);
-    if (e.key.kind == EntryKind::state) (void)seen_.insert_or_touch(e.key.hash);
+    // First sightings: a checkpoint's always, a KV chunk's when it comes in on second sight.
+    const bool state = e.key.kind == EntryKind::state;
+    detail::LruHashSet* sightings = state ? &seen_ : second_sight() ? &seen_kv_ : nullptr;
+    const bool seen = sightings != nullptr && sightings->contains(e.key.hash);
+    if (sightings != nullptr) (void)sightings->insert_or_touch(e.key.hash);
     if (bytes > o_.budget_bytes) {
       ++stats_.refused_too_large;
       return CacheVerdict::refused_too_large;
     }
     const bool fits = stats_.bytes + bytes <= o_.budget_bytes;
-    if (!cache_admits(o_.policy, CacheAdmission{e.key.kind, fits, seen, bytes <= o_.light_state_bytes, e.prompt_end})) {
+    if (!cache_admits(o_.policy, CacheAdmission{e.key.kind, fits, seen, bytes <= o_.light_state_bytes, e.prompt_end,
+                                                o_.kv_on_second_sight})) {
       ++stats_.refused_first_seen;
       return CacheVerdict::refused_first_seen;
     }
@@ -253,6 +265,8 @@ class CacheLedger {
     return o;
   }
 
+  [[nodiscard]] bool second_sight() const noexcept { return o_.policy == CachePolicy::cost && o_.kv_on_second_sight; }
+
   [[nodiscard]] Filed filed(const CacheKey& k, const Node& n) const noexcept {
     return Filed{!cache_evictable(o_.policy, n.facts), n.facts.priority, n.facts.last_use, k};
   }
@@ -328,7 +342,8 @@ class CacheLedger {
   std::unordered_map<CacheKey, Node, KeyHash> nodes_;
   std::unordered_map<CacheKey, std::uint32_t, KeyHash> needers_;  // kept entries naming each key as `needs`, kept or not
   Filing filing_;
-  detail::LruHashSet seen_;  // checkpoint keys stored, refused or evicted: `cost` admits them under pressure
+  detail::LruHashSet seen_;     // checkpoint keys stored, refused or evicted: `cost` admits them under pressure
+  detail::LruHashSet seen_kv_;  // KV keys likewise, kv_on_second_sight only (one slot's worth otherwise)
   double inflation_ = 0;
   std::uint64_t clock_ = 0;
   CacheLedgerStats stats_{};

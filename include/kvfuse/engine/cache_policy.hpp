@@ -28,6 +28,12 @@
 //     a light one (as cheap as the KV it spares, worth the gamble) and the prompt-end one
 //     (the highest point a later prompt extending this one, the next turn of a chat, can
 //     resume from: seen once, by the request that made it, and the likeliest to be read).
+//   - A dense model's KV chunk (the ledger's kv_on_second_sight) is admitted on second sight
+//     too: one never seen before comes in only when it fits without an eviction. A dense
+//     prompt's unique suffix is stored once and never read, and under `cost` it would push
+//     out a shared prefix. Not for a stateful model: its checkpoints stand on the KV, and a
+//     KV chunk refused once leaves the checkpoint above it nothing to stand on (on the
+//     shipped trace hybrids starved, docs/replay.md#cache-policy).
 //   - Priority divides by the footprint, not the bytes: a checkpoint's saving needs the KV
 //     it stands on kept too, so a deep checkpoint of a small state does not pin a whole
 //     prefix of a small budget as if it cost one slot.
@@ -54,7 +60,7 @@ namespace kvfuse {
 /// constructor.
 enum class CachePolicy : std::uint8_t {
   lru,   ///< the least recently used entry goes; every entry that fits is admitted
-  cost,  ///< prefill saved per byte, uses and recency (GDSF), leaves only, first-seen checkpoints refused under pressure
+  cost,  ///< prefill saved per byte, uses and recency (GDSF), leaves only, first-seen checkpoints (and dense KV) refused under pressure
 };
 
 /// Stable name of a CachePolicy ("lru", "cost"). Thread-safe, noexcept.
@@ -130,13 +136,16 @@ struct CacheAdmission {
   bool seen_before = false;  ///< the ledger has seen this key before (stored, refused or evicted)
   bool light = false;        ///< a checkpoint no larger than the ledger's light_state_bytes
   bool prompt_end = false;   ///< the checkpoint at its prompt's last chunk boundary
+  bool kv_on_second_sight = false;  ///< a KV chunk comes in under pressure only when seen before (a dense model's)
 };
 
 /// Whether `policy` lets an entry in (given that it is not larger than the whole budget):
-/// `lru` always; `cost` unless it is a heavy checkpoint, never seen before and not at its
-/// prompt's end, that does not fit without an eviction. Thread-safe.
+/// `lru` always; `cost` unless it does not fit without an eviction and is either a heavy
+/// checkpoint, never seen before and not at its prompt's end, or (kv_on_second_sight) a KV
+/// chunk never seen before. Thread-safe.
 constexpr bool cache_admits(CachePolicy policy, const CacheAdmission& a) noexcept {
-  if (policy == CachePolicy::lru || a.fits || a.kind != EntryKind::state) return true;
+  if (policy == CachePolicy::lru || a.fits) return true;
+  if (a.kind != EntryKind::state) return !a.kv_on_second_sight || a.seen_before;
   return a.seen_before || a.light || a.prompt_end;
 }
 
