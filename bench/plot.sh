@@ -327,9 +327,10 @@ print(f"# note {'; '.join(notes) if notes else 'every configuration ran'}")
 print(f"# date {doc.get('date_utc', '')}")
 print(f"# title {doc.get('workload_descriptions', {}).get(sys.argv[2], sys.argv[2])}")
 print(f"# ncol {len(configs) + 1}")
-# stock in reds, kvfuse in blues, the passes after the first in greens
+# stock in reds, kvfuse in blues (its cache ledger in purples), the passes after the first in greens
 colors = {"stock-default": "#b30000", "stock-restart": "#fc8d59", "stock-ram64": "#e34a33", "stock-ram1": "#fdcc8a",
-          "kvfuse-mem64": "#08519c", "kvfuse-mem1": "#3182bd", "kvfuse-mem1-disk": "#6baed6",
+          "kvfuse-mem64": "#08519c", "kvfuse-mem1": "#3182bd", "kvfuse-mem1-lru": "#9e9ac8", "kvfuse-mem1-cost": "#54278f",
+          "kvfuse-mem1-disk": "#6baed6",
           "kvfuse-warm": "#31a354", "kvfuse-restart": "#a1d99b"}
 print(f"# colors {' '.join(colors.get(c, '#808080') for c in configs)}")
 print("model " + " ".join(f'"{c}"' for c in configs))

@@ -11,6 +11,9 @@
                                               outputs bit for bit; a doctored expected file fails
   check_llama.py cluster BIN                  the same with a Redis Cluster started here (3
                                               primaries, 3 replicas) the two processes share
+  check_llama.py cache-policy BIN             --cache-policy cost and lru at a budget that binds:
+                                              the five zeros and the same bits, the ledger within
+                                              its budget, the tier holding exactly what it counts
   check_llama.py usage BIN                    bad arguments and input exit 2 naming the value
 """
 import json
@@ -159,6 +162,42 @@ def two_engines(binary, tier):
             fail(f"a doctored expected file: {third['models']['kimi-k3']['expected_outputs']}")
 
 
+def cache_policy(binary):
+    """The ledger owns --tier-capacity of the whole memory+disk tier: what it evicts leaves
+    both levels, so the disk holds exactly the entries and bytes the ledger counts, the
+    memory tier (unlimited under a ledger) never evicts on its own and holds the same bytes,
+    and no load misses."""
+    budget = 262144
+    reused = {}
+    for policy in ("cost", "lru"):
+        report, stdout = run(binary, [*WORKLOAD, "--tier-capacity", str(budget), "--cache-policy", policy], 0)
+        check_zeros(report)
+        if f"the cache ledger ({policy})" not in stdout:
+            fail(f"{policy}: the report does not name the ledger")
+        for model in report["models"]:
+            w = conversations(report, model)
+            ledger, tier = w["cache_ledger"], w["tier"]
+            if w["two_pass"]["delta"] != 0 or w["two_pass"]["compared"] != w["requests"]:
+                fail(f"{policy} {model}: two passes compared {w['two_pass']}")
+            if ledger["budget_bytes"] != budget or ledger["bytes"] > budget:
+                fail(f"{policy} {model}: the ledger keeps {ledger['bytes']} of {ledger['budget_bytes']} bytes")
+            if ledger["evicted_kv"] + ledger["evicted_state"] == 0:
+                fail(f"{policy} {model}: the budget never bound (nothing evicted): {ledger}")
+            if (tier["disk_entries"], tier["disk_bytes"]) != (ledger["entries"], ledger["bytes"]):
+                fail(f"{policy} {model}: the disk holds {tier['disk_entries']} entries / {tier['disk_bytes']} bytes, "
+                     f"the ledger counts {ledger['entries']} / {ledger['bytes']}")
+            if tier["memory_evictions"] != 0 or tier["memory_bytes"] != ledger["bytes"]:
+                fail(f"{policy} {model}: the memory tier evicted on its own or holds what the ledger does not count: {tier}")
+            if w["outcomes"]["state_missed"] != 0 or w["outcomes"]["failed"] != 0:
+                fail(f"{policy} {model}: a load missed what the ledger said was kept: {w['outcomes']}")
+        reused[policy] = sum(conversations(report, m)["reused_tokens"]["hbm"] + conversations(report, m)["reused_tokens"]["tier"]
+                             for m in report["models"])
+    # At a budget this tight the tier's LRU keeps little; cost keeps what saves most per byte.
+    if reused["cost"] < reused["lru"]:
+        fail(f"cost reused {reused['cost']} tokens over the three models, lru {reused['lru']}")
+    print(f"reused tokens over the three models at {budget} bytes: cost {reused['cost']}, lru {reused['lru']}")
+
+
 def usage(binary):
     cases = [
         (["--model", "gpt"], "gpt"),
@@ -171,6 +210,8 @@ def usage(binary):
         (["--tier", "redis-cluster", "--redis", "127.0.0.1:1,localhost"], "redis address 'localhost' has no port"),
         (["--passes", "1", "--control", "flip-kv"], "--passes 2"),
         (["--checkpoints", "sometimes"], "sometimes"),
+        (["--cache-policy", "fifo"], "fifo"),
+        (["--cache-policy", "cost", "--tier", "redis", "--redis", "unix:/nonexistent"], "--cache-policy cost: owns a memory+disk tier's budget"),
         (["--model", "llama", "--control", "wrong-boundary", "--ttft", "none", "--workload", "conversations",
           "--turns", "1", "--conversations", "1"], "needs a model with state"),
     ]
@@ -189,5 +230,6 @@ def usage(binary):
 
 if __name__ == "__main__":
     what, *rest = sys.argv[1:]
-    {"two-pass": two_pass, "control": control, "redis": redis, "cluster": cluster, "usage": usage}[what](*rest)
+    {"two-pass": two_pass, "control": control, "redis": redis, "cluster": cluster, "cache-policy": cache_policy,
+     "usage": usage}[what](*rest)
     print("ok")

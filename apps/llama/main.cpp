@@ -89,6 +89,16 @@ void print_workload(const std::vector<ModelResult>& models, std::size_t w, bool 
   });
   row("saves stored / failed", [](const WorkloadRun& r) { return thousands(r.saves_stored) + " / " + thousands(r.saves_failed); });
   row("resumes llama.cpp refused", num([](const WorkloadRun& r) { return r.resumes_refused; }));
+  if (first.cache_ledger) {
+    row("cache ledger: kept / budget bytes", [](const WorkloadRun& r) {
+      return r.cache_ledger ? thousands(r.cache_ledger->bytes) + " / " + thousands(r.cache_ledger->budget_bytes) : std::string("-");
+    });
+    row("              evicted / refused", [](const WorkloadRun& r) {
+      if (!r.cache_ledger) return std::string("-");
+      const CacheLedgerStats& l = *r.cache_ledger;
+      return thousands(l.evicted_kv + l.evicted_state) + " / " + thousands(l.refused_first_seen + l.refused_too_large);
+    });
+  }
   row("seconds: offload off / on", [&](const WorkloadRun& r) {
     return (two_passes ? fixed(r.seconds_off, 1) : std::string("-")) + " / " + fixed(r.seconds_on, 1);
   });
@@ -144,6 +154,24 @@ nlohmann::json to_json(const std::vector<ModelResult>& models, bool two_passes) 
                           {"deduplicated", r.checkpoints_deduplicated}};
       y["saves"] = {{"stored", r.saves_stored}, {"failed", r.saves_failed}};
       y["hashes_reseeded"] = r.hashes_reseeded;
+      if (r.memory_tier && r.disk_tier)
+        y["tier"] = {{"memory_bytes", r.memory_tier->bytes},   {"memory_capacity", r.memory_tier->capacity},
+                     {"memory_evictions", r.memory_tier->evictions}, {"disk_entries", r.disk_tier->entries},
+                     {"disk_bytes", r.disk_tier->bytes}};
+      if (r.cache_ledger) {
+        const CacheLedgerStats& l = *r.cache_ledger;
+        y["cache_ledger"] = {{"budget_bytes", l.budget_bytes},        {"bytes", l.bytes},
+                             {"kv_bytes", l.kv_bytes},                {"state_bytes", l.state_bytes},
+                             {"admitted", l.admitted},                {"evicted_kv", l.evicted_kv},
+                             {"evicted_state", l.evicted_state},      {"refused_first_seen", l.refused_first_seen},
+                             {"refused_too_large", l.refused_too_large}, {"uses", l.uses},
+                             {"entries", l.entries}};
+        y["cache_keeper"] = {{"erased", r.cache_keeper.erased},
+                             {"swept", r.cache_keeper.swept},
+                             {"healed", r.cache_keeper.healed},
+                             {"chunks_cut", r.cache_keeper.chunks_cut},
+                             {"checkpoints_cut", r.cache_keeper.checkpoints_cut}};
+      }
       y["resumes_refused"] = r.resumes_refused;
       y["first_refusal"] = r.first_refusal;
       y["first_difference"] = r.first_difference;
@@ -232,7 +260,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"memory+disk", "redis", "redis-cluster"}));
   app.add_option("--redis", o.redis, "with --tier redis: the server, unix:PATH or HOST:PORT; with --tier redis-cluster: the seeds, HOST:PORT[,HOST:PORT...]");
   app.add_option("--key-prefix", o.key_prefix, "with --tier redis or redis-cluster: the prefix of every key (runs with the same prefix share entries; they expire after 30 minutes)");
-  app.add_option("--tier-capacity", o.memory_bytes, "bytes of the memory tier")->check(CLI::Range(std::size_t{1} << 16, std::size_t{1} << 40));
+  app.add_option("--tier-capacity", o.memory_bytes, "bytes of the memory tier (with --cache-policy: the ledger's budget)")
+      ->check(CLI::Range(std::size_t{1} << 16, std::size_t{1} << 40));
+  std::string cache_policy;
+  app.add_option("--cache-policy", cache_policy,
+                 "with --tier memory+disk: the engine owns the --tier-capacity budget of the whole tier and decides what it "
+                 "keeps: lru or cost (docs/reference.md#cache-policy); default: the memory tier's LRU, the disk keeps everything")
+      ->check(CLI::IsMember({"lru", "cost"}));
   app.add_option("--dir", o.dir, "where the disk tier lives (a temporary directory under it, removed at exit)")->check(CLI::ExistingDirectory);
   app.add_option("--chunk-tokens", o.settings.chunk_tokens, "tokens per tier chunk (a multiple of --block-tokens)")->check(CLI::Range(1, 1 << 16));
   app.add_option("--block-tokens", o.block_tokens, "tokens per block: the checkpoint grid (deepseek4 needs a multiple of 128)")->check(CLI::Range(1, 1 << 16));
@@ -259,6 +293,13 @@ int main(int argc, char** argv) {
     o.settings.checkpoints = checkpoint_policy_named(checkpoints);
   } catch (const kvfuse::Error& e) {
     return usage_error(app, std::string("--checkpoints: ") + e.what());
+  }
+  if (!cache_policy.empty()) {
+    if (o.tier != "memory+disk")
+      return usage_error(app, "--cache-policy " + cache_policy + ": owns a memory+disk tier's budget, not a " + o.tier +
+                                  " one (a shared server keeps its own)");
+    o.settings.cache_policy = cache_policy == "cost" ? CachePolicy::cost : CachePolicy::lru;
+    o.settings.cache_budget = o.memory_bytes;
   }
   if (o.settings.control != Control::none && passes != 2) return usage_error(app, "--control: needs --passes 2 (the comparison is what fails)");
   if (o.block_tokens % o.ubatch != 0 || o.settings.chunk_tokens % o.block_tokens != 0)
@@ -373,7 +414,10 @@ int main(int argc, char** argv) {
 
   std::printf("\nkvfuse-llama: llama.cpp %s, CPU, %u threads, ubatch %u; grids: blocks of %u tokens, chunks of %u; pass 2 tier: %s\n",
               std::string(pinned_llama_commit.substr(0, 8)).c_str(), o.threads, o.ubatch, o.block_tokens, o.settings.chunk_tokens,
-              o.tier == "redis" ? ("redis at " + o.redis).c_str() : o.tier == "redis-cluster" ? ("a redis cluster, seeds " + o.redis).c_str() : ("a " + thousands(o.memory_bytes) + "-byte memory tier in front of a disk tier").c_str());
+              o.tier == "redis" ? ("redis at " + o.redis).c_str() : o.tier == "redis-cluster" ? ("a redis cluster, seeds " + o.redis).c_str() : ("a " + thousands(o.memory_bytes) + "-byte memory tier in front of a disk tier" +
+                                                         (o.settings.cache_policy ? ", the cache ledger (" + std::string(to_string(*o.settings.cache_policy)) +
+                                                                                        ") owning that budget"
+                                                                                  : std::string())).c_str());
   for (std::size_t w = 0; w < o.workloads.size(); ++w) print_workload(results, w, o.settings.two_passes);
   if (!o.ttft.empty()) print_ttft(results, o.ttft_reps);
   if (!outputs_expected.empty())

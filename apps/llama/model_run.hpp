@@ -77,8 +77,12 @@ ModelResult run_model(const std::string& name, const SequenceRunner& runner, con
 #endif
     const std::filesystem::path dir = root / (name + "-" + w.name);
     std::filesystem::create_directories(dir);
-    MemoryDiskTier tiers(o.memory_bytes, dir);
+    // With a cache ledger the memory tier never evicts on its own: the ledger keeps the
+    // budget, and what a save landing after its entry's eviction adds is swept after the request.
+    MemoryDiskTier tiers(o.settings.cache_policy ? std::size_t{1} << 62 : o.memory_bytes, dir);
     m.runs.push_back(run_workload<ServerOf<TieredTier<MemoryTier<>, DiskTier>>>(runner, w, o.settings, tiers.tier));
+    m.runs.back().memory_tier = tiers.front.stats();
+    m.runs.back().disk_tier = tiers.back.stats();
   }
   for (const TokenCount length : o.ttft) {
     std::printf("%s: time to first token at %llu tokens ...\n", name.c_str(), static_cast<unsigned long long>(length));

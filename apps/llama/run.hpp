@@ -42,6 +42,10 @@ struct RunSettings {
   CheckpointPolicy checkpoints{};
   bool two_passes = true;  ///< false: pass 2 only (its outputs checked against a file, or not at all)
   Control control = Control::none;
+  /// --cache-policy: a cache ledger owns `cache_budget` bytes (--tier-capacity) of pass 2's
+  /// tier; empty: the memory tier's LRU decides, the disk behind it keeps everything.
+  std::optional<CachePolicy> cache_policy;
+  std::uint64_t cache_budget = 0;
 };
 
 /// One request's output: what is compared bit for bit.
@@ -64,6 +68,12 @@ struct WorkloadRun {
   bool has_reuse_bound = false;
   std::uint64_t checkpoints_planned = 0, checkpoints_saved = 0, checkpoints_deduplicated = 0;
   std::uint64_t saves_stored = 0, saves_failed = 0, hashes_reseeded = 0;
+  std::optional<CacheLedgerStats> cache_ledger;  ///< with --cache-policy
+  CacheKeeperStats cache_keeper;                 ///< with --cache-policy: victims erased, swept, healed
+  /// A memory+disk tier at the end of the run: what each level holds (with a cache ledger,
+  /// the disk holds exactly what the ledger counts).
+  std::optional<MemoryTierStats> memory_tier;
+  std::optional<DiskTierStats> disk_tier;
   std::uint64_t bytes_loaded = 0;
   std::size_t resumes_refused = 0;
   std::string first_refusal;
@@ -220,6 +230,8 @@ WorkloadRun run_workload(const SequenceRunner& runner, const Workload& w, const 
   o.snapshot_slots = settings.snapshot_slots;
   o.max_request_tokens = w.longest;
   o.checkpoints = settings.checkpoints;
+  o.cache_policy = settings.cache_policy;
+  o.cache_budget = settings.cache_budget;
   E server(runner, tier, o);
   run.hashes_reseeded = server.reseed_from_tier();
   detail::arm_control(server, settings.control, run.control);
@@ -274,6 +286,8 @@ WorkloadRun run_workload(const SequenceRunner& runner, const Workload& w, const 
   run.checkpoints_deduplicated = cs.checkpoints_deduplicated;
   run.saves_stored = is.saves_stored;
   run.saves_failed = is.saves_failed;
+  run.cache_ledger = server.cache_stats();
+  run.cache_keeper = server.cache_keeper_stats();
   run.audit = server.audit();
   return run;
 }

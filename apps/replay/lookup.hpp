@@ -14,7 +14,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <utility>
 #include <vector>
 
 namespace replay {
@@ -35,13 +34,8 @@ class Lookup {
       n = ranks_.tier(r).leading(tier_keys_);
     }
     if (n > 0) faults_.lookup(keys, n);
-    last_ = n;
     return n;
   }
-
-  /// The last answer, and forgets it (0 when nothing asked since): the chunks below it are
-  /// below the admission's save watermark, which finish() does not send again.
-  std::size_t take_last() noexcept { return std::exchange(last_, 0); }
 
  private:
   Ranks& ranks_;
@@ -49,7 +43,6 @@ class Lookup {
   TierKeys keys_;
   const ArmedFaults& faults_;
   std::vector<kvfuse::TierKey> tier_keys_;  // one rank's question, asked in one call
-  std::size_t last_ = 0;
 };
 
 }  // namespace replay

@@ -50,7 +50,6 @@ bool Pass<Group>::admit(const Request& q) {
   }
   const AdmitRequest ar{request, q.prompt_tokens, a.hbm, q.chunk_keys, blocks, checkpoints, slot};
   AdmitDecision d;
-  (void)lookup_.take_last();
   if (composition_) {
     if (request_coin(o_.seed, q.index, 11, 250)) composition_->publish(request, q);
     d = coord_.admit(ar, composition_->arbiter());
@@ -70,7 +69,6 @@ bool Pass<Group>::admit(const Request& q) {
   // blocks (its orphaned load in flight): two admissions of one RequestId, freed apart.
   if (book_.admissions_of(request) > 0) ++result_.readmitted_while_held;
   a.checkpoints = std::move(d.checkpoints);
-  a.looked_up = lookup_.take_last();
   a.plan = d.plan;
   a.pd = d.sub && *d.sub == 0;
   a.parked_at = WallClock::now();
@@ -158,11 +156,7 @@ auto Pass<Group>::checkpoint(const Attempt& a, TokenCount boundary, std::uint64_
   const SlotId snapshot = *taken;
   const Checkpoint c{boundary, StateChain::of(model_.id, *a.req, boundary)};
   const bool known = cache_.contains(CacheKey{c.hash, EntryKind::state});
-  // The ledger keeps an entry whose `needs` it does not hold, so what a checkpoint stands
-  // on is the pass's to check: the KV below it comes at finish, and a budget smaller than a
-  // chunk will refuse every chunk (finish saves only the kept prefix).
-  const bool no_kv = cache_.on() && CacheOwner::kv_chunk_bytes > cache_.ledger()->stats().budget_bytes;
-  if (no_kv || !cache_.keep(cache_.state_entry(*a.req, boundary, c.hash))) {
+  if (!cache_.keep_checkpoint(a.req->chunk_keys, boundary, c.hash, a.req->prompt_tokens)) {
     ++result_.checkpoints_refused;
     (void)snapshots_.give(snapshot);
     return Handed::refused;
@@ -191,30 +185,17 @@ void Pass<Group>::finish(Entry& e) {
     (void)book_.close(e.admission, blocks_, slots_);  // no Coordinator: its blocks and slot go back now
     return;
   }
-  // The ledger sees the KV first, so the checkpoint stands on kept chunks: what the
-  // Coordinator sends, the chunks above the admission's lookup (its save watermark). They
-  // are a prefix chain (a chunk is useless without the one below), so the save stops at
-  // the first chunk the ledger does not keep: the Coordinator sends only the kept prefix.
-  // The ledger still sees every chunk above it: a dense chunk refused on first sight comes
-  // in on the second, and so must the chunks above it. What it admits above the gap (its
-  // refusals persist, so only a chunk seen again while the one below was forgotten) is not
-  // sent, so the ledger forgets it again, unless it was kept already.
+  // The ledger sees the KV first, so the checkpoint stands on kept chunks: the chunks from
+  // the Coordinator's save watermark up, cut at the first one the ledger does not keep
+  // (CacheKeeper::keep_chunks); the Coordinator then sends only the kept prefix.
   const std::size_t chunks = total / chunk_tokens;
-  std::size_t kept_end = chunks;
-  for (std::size_t c = a.looked_up; cache_.on() && c < chunks; ++c) {
-    const CacheKey k{q.chunk_keys[c], EntryKind::kv_chunk};
-    const bool known = cache_.contains(k);
-    const bool kept = cache_.keep(cache_.kv_entry(q, c));
-    if (!kept && kept_end == chunks) kept_end = c;
-    else if (kept && c > kept_end && !known) cache_.forget(k);
-  }
+  const std::size_t kept_end =
+      cache_.keep_chunks(q.chunk_keys, static_cast<std::size_t>(coord_.save_watermark(e.request) / chunk_tokens), chunks);
   const TokenCount computed = kept_end == chunks ? total : static_cast<TokenCount>(kept_end) * chunk_tokens;
   std::optional<Checkpoint> checkpoint;
   if (a.captured) {
     const Checkpoint c{a.captured->boundary, StateChain::of(model_.id, q, a.captured->boundary)};
-    // Its covering chunk (its `needs`) was refused: it would stand on nothing.
-    const std::size_t covering = static_cast<std::size_t>((c.boundary + chunk_tokens - 1) / chunk_tokens - 1);
-    if (covering < kept_end && cache_.keep(cache_.state_entry(q, c.boundary, c.hash))) {
+    if (cache_.keep_checkpoint(q.chunk_keys, c.boundary, c.hash, q.prompt_tokens, kept_end)) {
       write_state(*ranks_, *e.slot, a.captured->state);
       checkpoint = c;
       faults_.checkpoint_saved(q, checkpoint->hash);

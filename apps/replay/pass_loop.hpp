@@ -88,8 +88,8 @@ class Pass final : private FaultSite {
         slots_(model.stateful ? o.num_slots : 0),
         snapshots_(model.stateful && o.offload ? o.snapshot_slots : 0, o.num_slots),
         book_(4096),
-        cache_(o.offload ? o.cache_policy : std::nullopt, o.cache_budget, model, o.state_scale, *ranks_, transport_, keys_,
-               index_) {
+        cache_(cache_options(o.offload ? o.cache_policy : std::nullopt, o.cache_budget, model, o.state_scale),
+               EveryRankTier{ranks_.get(), &transport_, keys_, &index_}) {
     if (model.composition == Composition::loopback_pd) composition_ = std::make_unique<LoopbackComposition>(*ranks_, rt_, o.num_blocks);
     faults_.ranks_built();
   }
@@ -144,7 +144,6 @@ class Pass final : private FaultSite {
     const Request* req = nullptr;
     std::size_t shared = 0;  // leading blocks pinned from the prefix cache
     TokenCount hbm = 0, resume = 0;
-    std::size_t looked_up = 0;  // leading chunks the admission's lookup found: finish() does not send them again
     LoadPlan plan = NoLoad{};
     bool pd = false;
     WallClock::time_point parked_at{};
@@ -224,6 +223,8 @@ class Pass final : private FaultSite {
     // Unparks resume their admissions, Freeds hand blocks and slots back, snapshots return;
     // anything the book cannot match is a protocol error it counts.
     (void)book_.apply(s, blocks_, slots_, snapshots_, [this](Entry& e, const Unpark& u) { on_unpark(e, u); });
+    // No save in flight: none can land after its entry's eviction any more.
+    if (cache_.stats().unswept > 0 && index_.stats().saves_outstanding == 0) (void)cache_.sweep();
     if (s.records == 0 && s.unparked.empty() && s.freed.empty() && s.snapshots.empty() &&
         (book_.stats().parked_now > 0 || book_.stats().ended_now > 0))
       std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -270,7 +271,8 @@ class Pass final : private FaultSite {
     result_.outcome_state_missed += u.state_missed;
     if (u.tokens > 0) {
       ++result_.resumed_from_load;
-      cache_.note_uses(*a.req, a.hbm, u.tokens);
+      cache_.note_uses(a.req->chunk_keys, a.hbm, u.tokens,
+                       model_.stateful ? std::optional<PrefixHash>(StateChain::of(model_.id, *a.req, u.tokens)) : std::nullopt);
       if (a.pd) ranks_->pd_landed(plan_blocks(e));
       const Checked c = check_load(*ranks_, *a.req, e.blocks, e.slot, a.plan,
                                    u.salvaged ? std::optional<TokenCount>(u.tokens) : std::nullopt);

@@ -224,6 +224,12 @@ class Coordinator {
     return sent;
   }
 
+  /// The tokens below which finish() sends no KV for `request`: its save watermark (what
+  /// its admission's lookup found in the tier, raised by each save, lowered to 0 by a failed
+  /// load; 0 for a request with no live admission). A cache ledger is offered the chunks
+  /// from here up (CacheKeeper::keep_chunks). O(1), noexcept; scheduler thread.
+  [[nodiscard]] TokenCount save_watermark(RequestId request) const noexcept { return ledger_.watermark(request); }
+
   /// Reclaims orphans older than `reclaim_after` (freed by the next step) and lists the
   /// loads in flight at least `overdue_after` (nothing is freed on a timer). Scheduler
   /// thread; may throw std::bad_alloc, before it changes anything.

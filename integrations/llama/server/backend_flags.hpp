@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include <kvfuse/engine/cache_policy.hpp>
 #include <kvfuse/error.hpp>
 
 namespace kvfuse::llama_server {
@@ -28,10 +29,14 @@ struct BackendFlags {
   std::optional<std::string> redis;            ///< --kvfuse-redis ADDR: unix:PATH, HOST:PORT or cluster:SEED[,SEED...], behind the rest
   std::optional<std::string> checkpoints;      ///< --kvfuse-checkpoints POLICY: default, last, all, every:N
   std::optional<std::uint32_t> chunk_tokens;   ///< --kvfuse-chunk-tokens N: tokens per tier chunk
+  /// --kvfuse-cache-policy lru|cost: a cache ledger owns the memory tier's budget and decides
+  /// what it keeps (memory tier only: a disk or Redis tier outlives the process and keeps a
+  /// budget of its own).
+  std::optional<CachePolicy> cache_policy;
 
   /// Whether any flag was given: with none the server is the stock one.
   [[nodiscard]] bool any() const noexcept {
-    return memory_bytes || disk || disk_bytes || redis || checkpoints || chunk_tokens;
+    return memory_bytes || disk || disk_bytes || redis || checkpoints || chunk_tokens || cache_policy;
   }
 };
 
@@ -107,13 +112,15 @@ inline BackendFlags take_backend_flags(int& argc, char** argv) {
     } else if (i + 1 < argc) {
       value = std::string(argv[++i]);
     }
-    static constexpr std::string_view known[] = {"--kvfuse-memory", "--kvfuse-disk", "--kvfuse-disk-size",
-                                                 "--kvfuse-redis", "--kvfuse-checkpoints", "--kvfuse-chunk-tokens"};
+    static constexpr std::string_view known[] = {"--kvfuse-memory",      "--kvfuse-disk",         "--kvfuse-disk-size",
+                                                 "--kvfuse-redis",       "--kvfuse-checkpoints",  "--kvfuse-chunk-tokens",
+                                                 "--kvfuse-cache-policy"};
     bool is_known = false;
     for (const std::string_view k : known) is_known = is_known || name == k;
     if (!is_known)
       throw Error(ErrorCode::invalid_argument, name + ": not a kvfuse flag (they are --kvfuse-memory, --kvfuse-disk, "
-                                                      "--kvfuse-disk-size, --kvfuse-redis, --kvfuse-checkpoints, --kvfuse-chunk-tokens)");
+                                                      "--kvfuse-disk-size, --kvfuse-redis, --kvfuse-checkpoints, --kvfuse-chunk-tokens, "
+                                                      "--kvfuse-cache-policy)");
     if (!value) throw Error(ErrorCode::invalid_argument, name + ": needs a value");
     auto once = [&](bool given) {
       if (given) throw Error(ErrorCode::invalid_argument, name + " " + *value + ": given twice");
@@ -134,11 +141,20 @@ inline BackendFlags take_backend_flags(int& argc, char** argv) {
     } else if (name == "--kvfuse-checkpoints") {
       once(f.checkpoints.has_value());
       f.checkpoints = *value;
+    } else if (name == "--kvfuse-cache-policy") {
+      once(f.cache_policy.has_value());
+      if (*value == "lru") f.cache_policy = CachePolicy::lru;
+      else if (*value == "cost") f.cache_policy = CachePolicy::cost;
+      else throw Error(ErrorCode::invalid_argument, name + " " + *value + ": not a cache policy (lru or cost)");
     } else {
       once(f.chunk_tokens.has_value());
       f.chunk_tokens = parse_tokens(name, *value);
     }
   }
+  if (f.cache_policy && (f.disk || f.redis))
+    throw Error(ErrorCode::invalid_argument,
+                std::string("--kvfuse-cache-policy ") + std::string(to_string(*f.cache_policy)) + ": owns the memory tier's budget " +
+                    "only; a disk or Redis tier outlives the process and keeps its own (--kvfuse-disk-size, Redis maxmemory)");
   if (f.disk_bytes && !f.disk)
     throw Error(ErrorCode::invalid_argument, "--kvfuse-disk-size " + std::to_string(*f.disk_bytes) + ": needs --kvfuse-disk DIR");
   for (std::size_t k = 0; k < kept.size(); ++k) argv[k] = kept[k];

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -79,6 +80,18 @@ inline std::string prometheus_text(const BackendCounters& b, const CacheEngine* 
     m << "kvfuse:must_be_zero{what=\"leaked_blocks\"} " << a.leaked_blocks << "\n";
     m << "kvfuse:must_be_zero{what=\"leaked_slots\"} " << a.leaked_slots << "\n";
     m << "kvfuse:must_be_zero{what=\"held_admissions\"} " << a.held_admissions << "\n";
+    if (const std::optional<CacheLedgerStats> l = engine->cache_stats()) {
+      metric("cache_ledger_bytes", "gauge", "Bytes the cache ledger keeps (--kvfuse-cache-policy), by kind, and its budget");
+      m << "kvfuse:cache_ledger_bytes{kind=\"kv\"} " << l->kv_bytes << "\n";
+      m << "kvfuse:cache_ledger_bytes{kind=\"state\"} " << l->state_bytes << "\n";
+      m << "kvfuse:cache_ledger_bytes{kind=\"budget\"} " << l->budget_bytes << "\n";
+      metric("cache_ledger_total", "counter", "What the cache ledger did with the saves offered to it, by event");
+      m << "kvfuse:cache_ledger_total{event=\"admitted\"} " << l->admitted << "\n";
+      m << "kvfuse:cache_ledger_total{event=\"evicted_kv\"} " << l->evicted_kv << "\n";
+      m << "kvfuse:cache_ledger_total{event=\"evicted_state\"} " << l->evicted_state << "\n";
+      m << "kvfuse:cache_ledger_total{event=\"refused_first_seen\"} " << l->refused_first_seen << "\n";
+      m << "kvfuse:cache_ledger_total{event=\"refused_too_large\"} " << l->refused_too_large << "\n";
+    }
   }
   metric("tier_gets_total", "counter", "Tier gets, by tier and result");
   m << "kvfuse:tier_gets_total{tier=\"memory\",result=\"hit\"} " << t.memory.hits << "\n";

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct CacheEngine {
   virtual IndexStats index_stats() const = 0;
   virtual CoordinatorStats coordinator_stats() const = 0;
   virtual HostAudit audit() const = 0;
+  virtual std::optional<CacheLedgerStats> cache_stats() const = 0;
 };
 
 /// The CacheEngine of state leg `Leg` (NoState, RecurrentState<TierStack>, SlotState<TierStack>).
@@ -70,6 +72,7 @@ struct CacheEngineOf final : CacheEngine {
   IndexStats index_stats() const override { return cache.index_stats(); }
   CoordinatorStats coordinator_stats() const override { return cache.coordinator_stats(); }
   HostAudit audit() const override { return cache.audit(); }
+  std::optional<CacheLedgerStats> cache_stats() const override { return cache.cache_stats(); }
 };
 
 }  // namespace kvfuse::llama_server

@@ -65,6 +65,10 @@ class KvfuseBackend final : public server_prompt_cache_backend {
   bool configure(common_params& params) override {
     // The memory tier takes stock's --cache-ram budget when --kvfuse-memory is not given.
     if (!memory_given_ && params.cache_ram_mib > 0) tier_options_.memory_bytes = std::size_t(params.cache_ram_mib) << 20;
+    if (flags_.cache_policy) {  // twice the ledger's budget: room for a save landing after its entry's eviction
+      cache_budget_ = tier_options_.memory_bytes;
+      tier_options_.memory_bytes = 2 * cache_budget_;
+    }
     try {
       tiers_ = std::make_unique<TierStack>(tier_options_);  // a bad directory or a Redis that does not answer: exit 1 now
     } catch (const Error& e) {
@@ -138,6 +142,8 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     o.max_prompt_tokens = llama_n_ctx_seq(ctx);
     o.checkpoints = policy_;
     o.model_id = model_identity(params, model, chunk_, ubatch_);
+    o.cache_policy = flags_.cache_policy;  // the ledger owns the memory tier's budget
+    o.cache_budget = cache_budget_;
     if (family_ == BlobFamily::deepseek4) {
       // Measured, not derived: on the tiny deepseek4 at -ub 64 a resume is bit for bit at
       // 128, 384 and 640 tokens and not at 256 or 512 (in a fresh context and in a slot
@@ -159,7 +165,10 @@ class KvfuseBackend final : public server_prompt_cache_backend {
     }
     slots_.assign(slots, SlotProgress{});
     std::ostringstream line;
-    line << "kvfuse prompt cache: " << (tier_options_.memory_bytes >> 20) << " MiB memory"
+    line << "kvfuse prompt cache: "
+         << (flags_.cache_policy ? std::to_string(cache_budget_ >> 20) + " MiB memory, owned by the cache ledger (" +
+                                       std::string(to_string(*flags_.cache_policy)) + ")"
+                                 : std::to_string(tier_options_.memory_bytes >> 20) + " MiB memory")
          << (tier_options_.disk ? ", disk " + tier_options_.disk->string() : std::string())
          << (tier_options_.redis ? ", redis " + *tier_options_.redis : std::string()) << "; chunks of " << chunk_
          << " tokens; " << reseeded_ << " state checkpoints found in the tiers";
@@ -399,6 +408,7 @@ class KvfuseBackend final : public server_prompt_cache_backend {
 
   BackendFlags flags_;
   TierStackOptions tier_options_;
+  std::size_t cache_budget_ = 0;  // --kvfuse-cache-policy: the ledger's budget (the memory flag's bytes)
   bool memory_given_ = false;
   bool known_ = false;  // configure() found a model kvfuse serves
   CheckpointPolicy policy_{};

@@ -79,7 +79,9 @@ class SlotCache {
                .checkpoints = options_.checkpoints,
                .request_slots = options_.slots,
                .rank_timeout = options_.rank_timeout,
-               .runtime = HostRuntimeOptions{.default_mode = HostStreamMode::inline_calls}}),
+               .runtime = HostRuntimeOptions{.default_mode = HostStreamMode::inline_calls},
+               .cache_policy = options_.cache_policy,
+               .cache_budget = options_.cache_budget}),
         tasks_(options_.slots) {}
   SlotCache(const SlotCache&) = delete;
   SlotCache& operator=(const SlotCache&) = delete;
@@ -166,6 +168,7 @@ class SlotCache {
       t.loaded = u->tokens;
     }
     if (t.loaded > 0) {
+      e_.cache.note_uses(keys, 0, t.loaded, t.state_hash);
       try {
         codec_.rebuild(t.loaded, e_.pools.blocks, std::span(t.table).first(t.loaded / block), slot_bytes(t.slot), out.blob);
         out.boundary = t.loaded;
@@ -213,10 +216,19 @@ class SlotCache {
     if constexpr (!stateful) return;
     Task& t = task(slot);
     if (!t.open) return;
+    // A cache ledger is asked first: it stands on the chunk ending at the boundary.
+    const std::uint32_t block = e_.geometry.block_tokens;
+    const llama::PrefixHashes chain(prompt.first(boundary), block);
+    std::vector<PrefixHash> keys;
+    for (TokenCount end = block; end <= boundary; end += block) keys.push_back(chain.chunk_key(end));
+    const CacheKey key{chain.state_hash(boundary), EntryKind::state};
+    const bool known = e_.cache.contains(key);
+    if (!e_.cache.keep_checkpoint(keys, boundary, key.hash, prompt.size())) return;
     if (e_.snapshots.empty()) (void)e_.pump_until([&] { return !e_.snapshots.empty(); });
     const std::optional<SlotId> snapshot = e_.snapshots.take();
     if (!snapshot) {
       ++counters_.stranded;
+      if (!known) (void)e_.cache.forget(key);
       return;
     }
     try {
@@ -224,6 +236,7 @@ class SlotCache {
     } catch (const Error&) {
       ++counters_.codec_refusals;
       (void)e_.snapshots.give(*snapshot);
+      if (!known) (void)e_.cache.forget(key);
       return;
     }
     e_.connector.begin_step(e_.compute);
@@ -231,6 +244,9 @@ class SlotCache {
     const CheckpointResult r = e_.coordinator.checkpoint(Checkpoint{boundary, hashes.state_hash(boundary)}, *snapshot);
     if (r != CheckpointResult::saved) (void)e_.snapshots.give(*snapshot);
     else if (saved_states_.size() < 64) saved_states_.push_back(hashes.state_hash(boundary));
+    // Kept but not sent, and not in the tier already: the ledger must not count it.
+    if (r != CheckpointResult::saved && r != CheckpointResult::already_indexed && !known)
+      (void)e_.cache.forget(CacheKey{hashes.state_hash(boundary), EntryKind::state});
   }
 
   /// The slot's prompt is done (or abandoned: `clean` 0). `clean` is the length of the
@@ -263,10 +279,16 @@ class SlotCache {
     const llama::PrefixHashes hashes(prompt.first(floor), block);
     std::vector<PrefixHash> keys;
     for (TokenCount end = block; end <= floor; end += block) keys.push_back(hashes.chunk_key(end));
-    (void)e_.coordinator.finish(FinishRequest{t.id, floor, keys, t.table, std::nullopt, t.slot});
+    // A cache ledger sees the chunks from the save watermark up; the save is cut at the
+    // first one it does not keep.
+    const std::size_t kept =
+        e_.cache.keep_chunks(keys, static_cast<std::size_t>(e_.coordinator.save_watermark(t.id) / block), keys.size());
+    const TokenCount computed = kept == keys.size() ? floor : static_cast<TokenCount>(kept) * block;
+    (void)e_.coordinator.finish(FinishRequest{t.id, computed, keys, t.table, std::nullopt, t.slot});
     (void)e_.book.end(t.id);
     t.untrusted = false;
     if (!settle()) ++counters_.stranded;
+    e_.sweep_if_quiet();
   }
 
   /// A control for the tests, never on in service: flips one byte in the middle of the first
@@ -315,6 +337,11 @@ class SlotCache {
   [[nodiscard]] IndexStats index_stats() const { return e_.index.stats(); }
   [[nodiscard]] CoordinatorStats coordinator_stats() const { return e_.coordinator.stats(); }
   [[nodiscard]] ConnectorStats connector_stats() const { return e_.connector.stats(); }
+  /// The cache ledger's counters, when a policy owns the budget (O(1)).
+  [[nodiscard]] std::optional<CacheLedgerStats> cache_stats() const {
+    if (const CacheLedger* l = e_.cache.ledger()) return l->stats();
+    return std::nullopt;
+  }
   /// The numbers that must be zero (the host kit's audit); walks the index: not per request.
   [[nodiscard]] HostAudit audit() const {
     return e_.audit();

@@ -40,6 +40,10 @@ struct SlotCacheOptions {
     return b < state_phase ? 0 : state_phase + (b - state_phase) / state_period * state_period;
   }
   std::chrono::milliseconds rank_timeout{10000};  ///< how long a load or a save may take before it is given up
+  /// A cache ledger owns `cache_budget` bytes of the tier and decides what it keeps by this
+  /// policy (--kvfuse-cache-policy); empty: the tier's own capacity decides.
+  std::optional<CachePolicy> cache_policy;
+  std::uint64_t cache_budget = 0;  ///< bytes; > 0 with a policy
 };
 
 /// What begin() found for a slot's prompt.

@@ -16,6 +16,9 @@ what comes back:
                       computed; then redis-server is stopped and both still answer right
     cluster           two servers over one Redis Cluster (3 primaries, 3 replicas, started
                       here): the second reuses what the first computed, with the same bits
+    cache-policy MODEL  --kvfuse-cache-policy cost and lru at a memory budget that binds: the
+                      responses keep the stock server's bits, the ledger keeps at most its
+                      budget and the memory tier holds exactly what it counts
     flags             bad --kvfuse-* values exit 1 naming the flag and the value, before
                       the model loads
 
@@ -466,6 +469,47 @@ def case_cluster(a, tmp):
             two.stop()
 
 
+def case_cache_policy(a, tmp, arch):
+    model = os.path.join(a.models, f"{arch}.gguf")
+    extra = ["--swa-full"] if arch == "deepseek4" else []
+    convs = conversations(n_conv=4)
+    stock = Server(a.stock, model, tmp, "stock", ["--cache-ram", "0"] + extra)
+    try:
+        ref = play(stock, convs, cache_prompt=False, n_predict=40)
+    finally:
+        stock.stop()
+    budget = 512 << 10
+    for policy in ("cost", "lru"):
+        kv = start_kvfuse(a, tmp, model, f"kvfuse-{policy}",
+                          ["--kvfuse-memory", "512KiB", "--kvfuse-cache-policy", policy] + extra)
+        try:
+            got = play(kv, convs, n_predict=40)
+            m = kv.metrics()
+            zeros(m)
+        finally:
+            kv.stop()
+        diffs = compare(ref, got, "kvfuse")
+        if diffs:
+            i = diffs[0]
+            raise AssertionError(f"{policy}: response {i} differs from stock's:\n stock  {ref[i][1]}\n kvfuse {got[i][1]}")
+        kept = m['kvfuse:cache_ledger_bytes{kind="kv"}'] + m['kvfuse:cache_ledger_bytes{kind="state"}']
+        evicted = m['kvfuse:cache_ledger_total{event="evicted_kv"}'] + m['kvfuse:cache_ledger_total{event="evicted_state"}']
+        refused = m['kvfuse:cache_ledger_total{event="refused_first_seen"}']
+        restored = m['kvfuse:reused_tokens_total{source="kvfuse"}']
+        memory = m['kvfuse:tier_bytes{tier="memory"}']
+        print(f"{arch} {policy}: the ledger keeps {kept:.0f} of {budget} bytes, evicted {evicted:.0f}, refused {refused:.0f}; "
+              f"the memory tier holds {memory:.0f}; {restored:.0f} tokens restored")
+        if m['kvfuse:cache_ledger_bytes{kind="budget"}'] != budget or kept > budget:
+            raise AssertionError(f"{policy}: the ledger keeps {kept} bytes of a {budget}-byte budget")
+        if evicted == 0:
+            raise AssertionError(f"{policy}: the budget never bound")
+        if memory != kept or m["kvfuse:tier_evictions_total"] != 0:
+            raise AssertionError(f"{policy}: the memory tier holds {memory} bytes and evicted "
+                                 f"{m['kvfuse:tier_evictions_total']} on its own; the ledger counts {kept}")
+        if restored == 0:
+            raise AssertionError(f"{policy}: nothing was restored from the tier")
+
+
 def case_flags(a, tmp):
     model = os.path.join(a.models, "llama.gguf")
     missing = os.path.join(tmp, "no-such-model.gguf")
@@ -481,6 +525,8 @@ def case_flags(a, tmp):
         (["--kvfuse-chunk-tokens", "0"], missing, "--kvfuse-chunk-tokens 0"),
         (["--kvfuse-frobnicate", "1"], missing, "--kvfuse-frobnicate"),
         (["--kvfuse-memory", "4MiB", "--kvfuse-chunk-tokens", "100"], model, "--kvfuse-chunk-tokens 100"),
+        (["--kvfuse-cache-policy", "fifo"], missing, "--kvfuse-cache-policy fifo"),
+        (["--kvfuse-cache-policy", "cost", "--kvfuse-disk", tmp], missing, "--kvfuse-cache-policy cost: owns the memory"),
     ]
     for flags, m, needle in cases:
         args = [a.kvfuse, "-m", m] + COMMON + flags
@@ -578,6 +624,8 @@ def main():
             case_cluster(a, tmp)
         elif a.case == "flags":
             case_flags(a, tmp)
+        elif a.case == "cache-policy":
+            case_cache_policy(a, tmp, a.model)
         elif a.case == "boundaries":
             case_boundaries(a, tmp, a.model)
         elif a.case == "parallel":

@@ -114,3 +114,27 @@ TEST_CASE("--kvfuse-disk-size is the disk tier's capacity: beyond it the least r
   reopened_options.capacity_bytes = 8192;
   CHECK(kvfuse::DiskTier(dir, reopened_options).stats().entries == 2);  // what a restart finds
 }
+
+TEST_CASE("--kvfuse-cache-policy names a policy and owns the memory tier's budget only") {
+  {
+    Argv a({"server", "--kvfuse-cache-policy", "cost", "-np", "2"});
+    const BackendFlags f = take_backend_flags(a.argc, a.ptrs.data());
+    REQUIRE(f.cache_policy);
+    CHECK(*f.cache_policy == kvfuse::CachePolicy::cost);
+    CHECK(f.any());
+    CHECK(a.rest() == std::vector<std::string>{"server", "-np", "2"});
+  }
+  {
+    Argv a({"server", "--kvfuse-cache-policy=lru"});
+    CHECK(*take_backend_flags(a.argc, a.ptrs.data()).cache_policy == kvfuse::CachePolicy::lru);
+  }
+  CHECK(refusal({"server", "--kvfuse-cache-policy", "fifo"}).find("--kvfuse-cache-policy fifo: not a cache policy") !=
+        std::string::npos);
+  CHECK(refusal({"server", "--kvfuse-cache-policy", "lru", "--kvfuse-cache-policy", "cost"})
+            .find("--kvfuse-cache-policy cost: given twice") != std::string::npos);
+  // A disk or Redis tier outlives the process and keeps a budget of its own.
+  CHECK(refusal({"server", "--kvfuse-cache-policy", "cost", "--kvfuse-disk", "/tmp/d"})
+            .find("--kvfuse-cache-policy cost: owns the memory tier's budget only") != std::string::npos);
+  CHECK(refusal({"server", "--kvfuse-redis", "unix:/s", "--kvfuse-cache-policy", "lru"})
+            .find("--kvfuse-cache-policy lru: owns the memory tier's budget only") != std::string::npos);
+}

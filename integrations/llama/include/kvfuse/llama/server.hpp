@@ -72,7 +72,9 @@ class Server {
            detail::InProcessEngineOptions{.checkpoints = options_.checkpoints,
                                           .request_slots = 1,
                                           .rank_timeout = options_.rank_timeout,
-                                          .on_load = &load_hook_}) {}
+                                          .on_load = &load_hook_,
+                                          .cache_policy = options_.cache_policy,
+                                          .cache_budget = options_.cache_budget}) {}
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
@@ -156,6 +158,8 @@ class Server {
         if (u->tokens > 0) {
           resume = stateful ? u->tokens : std::max(u->tokens, s.hbm);
           s.bytes_loaded = u->salvaged ? bytes_salvaged(d.plan, u->tokens) : bytes_of(d.plan);
+          e_.cache.note_uses(prompt_keys, s.hbm, u->tokens,
+                             stateful ? std::optional<PrefixHash>(prompt_hashes.state_hash(u->tokens)) : std::nullopt);
         }
       }
     }
@@ -219,7 +223,7 @@ class Server {
     for (const TokenCount stop : stops) {
       sequence->prefill(prompt.subspan(sequence->position(), stop - sequence->position()), false);
       if (std::find(d.checkpoints.begin(), d.checkpoints.end(), stop) != d.checkpoints.end())
-        checkpoint_at(*sequence, Checkpoint{stop, prompt_hashes.state_hash(stop)});
+        checkpoint_at(*sequence, Checkpoint{stop, prompt_hashes.state_hash(stop)}, prompt_keys, P);
       snapshot_at(stop, *sequence);
     }
     sequence->prefill(prompt.subspan(sequence->position()), true);
@@ -251,15 +255,23 @@ class Server {
     e_.connector.begin_step(e_.compute);  // the saves read what the lines above wrote (R13)
     std::vector<PrefixHash> keys;
     for (TokenCount end = chunk; end <= frontier; end += chunk) keys.push_back(hashes.chunk_key(end));
-    std::optional<Checkpoint> last;
-    if (generation_end) last = Checkpoint{*generation_end, hashes.state_hash(*generation_end)};
     for (TokenCount b = 0; b < frontier_floor / block; ++b) e_.blocks.publish(blocks[b], hashes.block_identity((b + 1) * block));
     if (!s.stranded) {
-      (void)e_.coordinator.finish(FinishRequest{id, frontier, keys, blocks, last, slot});
+      // A cache ledger sees the KV first, from the save watermark up, and the save is cut
+      // at the first chunk it does not keep; the checkpoint must stand on a kept chunk.
+      const std::size_t kept = e_.cache.keep_chunks(
+          keys, static_cast<std::size_t>(e_.coordinator.save_watermark(id) / chunk), keys.size());
+      const TokenCount computed = kept == keys.size() ? frontier : static_cast<TokenCount>(kept) * chunk;
+      std::optional<Checkpoint> last;
+      if (generation_end &&
+          e_.cache.keep_checkpoint(keys, *generation_end, hashes.state_hash(*generation_end), P, kept))
+        last = Checkpoint{*generation_end, hashes.state_hash(*generation_end)};
+      (void)e_.coordinator.finish(FinishRequest{id, computed, keys, blocks, last, slot});
       (void)e_.book.end(id);  // `blocks` goes with the Freed: not used below
     }
     s.checkpoints_sent = e_.coordinator.stats().checkpoints_saved - checkpoints_before;
     if (!settle(options_.wait_for_stores)) s.stranded = true;
+    e_.sweep_if_quiet();
     current_prompt_ = {};
     return s;
   }
@@ -305,6 +317,13 @@ class Server {
   [[nodiscard]] CoordinatorStats coordinator_stats() const { return e_.coordinator.stats(); }
   [[nodiscard]] PumpStats pump_stats() const { return e_.pump.stats(); }
   [[nodiscard]] ConnectorStats connector_stats() const { return e_.connector.stats(); }
+  /// The cache ledger's counters, when a policy owns the budget (O(1)).
+  [[nodiscard]] std::optional<CacheLedgerStats> cache_stats() const {
+    if (const CacheLedger* l = e_.cache.ledger()) return l->stats();
+    return std::nullopt;
+  }
+  /// What the cache keeper did (victims erased, swept, healed), O(1).
+  [[nodiscard]] CacheKeeperStats cache_keeper_stats() const noexcept { return e_.cache.stats(); }
   /// Bytes of one state entry in the tier (0 for a dense model).
   [[nodiscard]] std::size_t state_entry_bytes() const noexcept {
     if constexpr (stateful) return StateLeg::entry_bytes(e_.geometry);
@@ -346,19 +365,26 @@ class Server {
     return slot_span(*s);
   }
 
-  // A mid-prefill checkpoint: the state at the sequence's position into a snapshot slot,
-  // handed to the coordinator.
-  void checkpoint_at(const Sequence& sequence, const Checkpoint& c) {
+  // A mid-prefill checkpoint of a prompt of `prompt_tokens` whose chunk keys are `keys`: the
+  // state at the sequence's position into a snapshot slot, handed to the coordinator if a
+  // cache ledger keeps it.
+  void checkpoint_at(const Sequence& sequence, const Checkpoint& c, std::span<const PrefixHash> keys, TokenCount prompt_tokens) {
+    const CacheKey key{c.hash, EntryKind::state};
+    const bool known = e_.cache.contains(key);
+    if (!e_.cache.keep_checkpoint(keys, c.boundary, c.hash, prompt_tokens)) return;
     if (e_.snapshots.empty()) (void)e_.pump_until([&] { return !e_.snapshots.empty(); });
     const std::optional<SlotId> snapshot = e_.snapshots.take();
     if (!snapshot) {
       ++server_violations_;  // a snapshot slot never came back within the timeout
+      if (!known) (void)e_.cache.forget(key);
       return;
     }
     sequence.store_state(slot_span(*snapshot));
     e_.connector.begin_step(e_.compute);
     const CheckpointResult r = e_.coordinator.checkpoint(c, *snapshot);
     if (r != CheckpointResult::saved) (void)e_.snapshots.give(*snapshot);
+    // Kept but not sent, and not in the tier already: the ledger must not count it.
+    if (r != CheckpointResult::saved && r != CheckpointResult::already_indexed && !known) (void)e_.cache.forget(key);
   }
 
   // Every admission on the book was freed; with `stores`, every save stored and every

@@ -15,6 +15,7 @@
 
 #include <kvfuse/bridge/ids.hpp>
 #include <kvfuse/bridge/resolution.hpp>
+#include <kvfuse/engine/cache_policy.hpp>
 #include <kvfuse/engine/checkpoint_policy.hpp>
 #include <kvfuse/engine/planner.hpp>
 #include <kvfuse/llama/sequence_runner.hpp>
@@ -37,6 +38,10 @@ struct ServeOptions {
   /// How long serve() waits for the ranks (a load, a release, a store) before it counts the
   /// request as stranded and goes on without it.
   std::chrono::milliseconds rank_timeout{30000};
+  /// A cache ledger owns `cache_budget` bytes of the tier and decides what it keeps by this
+  /// policy (host/cache_keeper.hpp); empty: the tier's own capacity decides.
+  std::optional<CachePolicy> cache_policy;
+  std::uint64_t cache_budget = 0;  ///< bytes; > 0 with a policy
 };
 
 /// Which load a request parked on, if any.

@@ -10,6 +10,8 @@
 
 #include <kvfuse/bridge/load_request.hpp>
 #include <kvfuse/bridge/save_request.hpp>
+#include <kvfuse/engine/cache_ledger.hpp>
+#include <kvfuse/engine/offload_index.hpp>
 #include <kvfuse/tier/tier.hpp>
 #include <kvfuse/worker/rank_geometry.hpp>
 
@@ -53,6 +55,21 @@ struct LeadingChunks {
     while (n < keys.size() && tier->contains(tier_key_of(*geometry, keys[n], EntryKind::kv_chunk))) ++n;
     return n;
   }
+};
+
+/// The rank's tier as a cache ledger sees it (CacheKeeper's CacheTiers): what the ledger
+/// evicts leaves the tier (every level of a tiered one), and a checkpoint the index too.
+/// Scheduler thread (the tier is thread-safe).
+template <class Tier>
+struct LedgerTier {
+  Tier* tier;
+  const RankGeometry* geometry;
+  OffloadIndex<>* index;
+  void erase(const CacheKey& k) {
+    (void)tier->erase(tier_key_of(*geometry, k.hash, k.kind));
+    if (k.kind == EntryKind::state) (void)index->forget(k.hash);
+  }
+  [[nodiscard]] bool holds(const CacheKey& k) const { return tier->contains(tier_key_of(*geometry, k.hash, k.kind)); }
 };
 
 }  // namespace kvfuse::llama::detail

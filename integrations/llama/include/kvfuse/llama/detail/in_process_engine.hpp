@@ -4,7 +4,8 @@
 //
 // Engine side: the Coordinator over an OffloadIndex, a SingleRank group and its pump, and the
 // host kit (the block pool, the request and snapshot slot pools, the admission book that
-// routes the Coordinator's events onto them). Rank side: one Connector with the stock PagedKv
+// routes the Coordinator's events onto them), and the cache keeper when a cache ledger owns
+// the tier's budget. Rank side: one Connector with the stock PagedKv
 // and the model's state leg over the tier, its device memory in host pools. What each loop
 // does with it (a fresh context per request, or llama-server's slots) is its own.
 //
@@ -21,6 +22,7 @@
 #include <kvfuse/host/admission_book.hpp>
 #include <kvfuse/host/audit.hpp>
 #include <kvfuse/host/block_pool.hpp>
+#include <kvfuse/host/cache_keeper.hpp>
 #include <kvfuse/host/slot_pool.hpp>
 #include <kvfuse/kvfuse.hpp>
 #include <kvfuse/llama/detail/in_process.hpp>
@@ -37,6 +39,11 @@ struct InProcessEngineOptions {
   /// Sees each LoadRequest before the connector does (tests tamper with the tier there);
   /// must outlive the engine. Null: none.
   const std::function<void(const LoadRequest&)>* on_load = nullptr;
+  /// A cache ledger owns `cache_budget` bytes of the tier under this policy (CacheKeeper:
+  /// the loop offers every save to it and the tier keeps what it keeps); empty: the tier's
+  /// own capacity decides.
+  std::optional<CachePolicy> cache_policy;
+  std::uint64_t cache_budget = 0;
 };
 
 /// The Coordinator, the host kit and the one in-process rank, built together over `T` with
@@ -74,7 +81,8 @@ struct InProcessEngine {
         blocks(geometry.num_blocks),
         request_slots(stateful ? o.request_slots : 0, 0),
         snapshots(stateful ? geometry.num_slots - o.request_slots : 0, stateful ? o.request_slots : 0),
-        compute(runtime.make_stream(HostStreamMode::inline_calls)) {}
+        compute(runtime.make_stream(HostStreamMode::inline_calls)),
+        cache(cache_options(o, geometry), LedgerTier<T>{&tier, &geometry, &index}) {}
   ~InProcessEngine() { connector.drain(); }
   InProcessEngine(const InProcessEngine&) = delete;
   InProcessEngine& operator=(const InProcessEngine&) = delete;
@@ -113,6 +121,12 @@ struct InProcessEngine {
     return r.records > 0 || !r.unparked.empty() || !r.freed.empty() || !r.snapshots.empty();
   }
 
+  /// After the engine waited for its saves: none is in flight, so a victim whose save
+  /// landed after its eviction is erased again now (CacheKeeper::sweep).
+  void sweep_if_quiet() {
+    if (cache.stats().unswept > 0 && index.stats().saves_outstanding == 0) (void)cache.sweep();
+  }
+
   /// The numbers that must be zero (the host kit's audit); walks the index: not per request.
   [[nodiscard]] HostAudit audit() const {
     return audit_host(index, coordinator.stats(), book, blocks, request_slots, snapshots);
@@ -134,8 +148,22 @@ struct InProcessEngine {
   SlotPool snapshots;      // the rest: mid-prefill checkpoints while the ranks save them
   Book book;
   HostRuntime::Stream compute;  // the engine's compute stream (inline: llama.cpp has run when a step begins)
+  CacheKeeper<LedgerTier<T>> cache;  // off unless a cache policy was given
 
  private:
+  // A checkpoint counts its tier entry (DSV4's sidecar included); a light state (at most
+  // two chunks' KV) is let in on first sight; a dense model's KV comes in on second sight.
+  static CacheKeeperOptions cache_options(const InProcessEngineOptions& o, const RankGeometry& g) {
+    CacheKeeperOptions c;
+    c.chunk_tokens = g.chunk_tokens;
+    c.kv_chunk_bytes = g.chunk_bytes();
+    if constexpr (stateful) c.state_bytes = StateLeg::entry_bytes(g);
+    c.stateful = stateful;
+    if (o.cache_policy)
+      c.ledger = CacheLedgerOptions{*o.cache_policy, o.cache_budget, std::size_t{1} << 16, 2 * c.kv_chunk_bytes, !stateful};
+    return c;
+  }
+
   static StateLeg make_state_leg(T& tier) {
     if constexpr (stateful) return StateLeg(tier);
     else return StateLeg{};
