@@ -17,14 +17,15 @@
 // allocation and the free per put; with the heap source it should sit near 1.
 #include <benchmark/benchmark.h>
 
+#include "run_values.hpp"
+
 #include <kvfuse/tier/memory_tier.hpp>
 
 #include <sys/mman.h>
 
 #include <cstdio>
 #include <cstring>
-#include <map>
-#include <set>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -114,34 +115,21 @@ class RatioReporter : public benchmark::ConsoleReporter {
   RatioReporter() : ConsoleReporter(OO_Tabular) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
-    for (const Run& run : runs) {
-      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
-      if (run.run_type != Run::RT_Iteration && !median) continue;
-      const std::string& name = run.run_name.function_name;
-      const double t = run.GetAdjustedRealTime();
-      if (median) {
-        time_[name] = t;
-        from_median_.insert(name);
-      } else if (!from_median_.contains(name)) {
-        time_[name] = t;
-      }
-    }
+    time_.note(runs, [](const Run& run) { return std::optional<double>(run.GetAdjustedRealTime()); });
   }
   void Finalize() override {
     ConsoleReporter::Finalize();
     std::printf("\nput time without the pool / with it (256 KiB chunks, full 16 MiB tier):\n");
     for (const char* source : {"heap", "mmap"}) {
-      const std::string plain = std::string("put_") + source + "_no_pool";
-      const std::string pooled = std::string("put_") + source + "_pool";
-      if (time_.contains(plain) && time_.contains(pooled) && time_[pooled] > 0)
-        std::printf("  %-5s %9.2f us / %9.2f us  ratio %.2f\n", source, time_[plain], time_[pooled],
-                    time_[plain] / time_[pooled]);
+      const std::optional<double> plain = time_[std::string("put_") + source + "_no_pool"];
+      const std::optional<double> pooled = time_[std::string("put_") + source + "_pool"];
+      if (plain && pooled && *pooled > 0)
+        std::printf("  %-5s %9.2f us / %9.2f us  ratio %.2f\n", source, *plain, *pooled, *plain / *pooled);
     }
   }
 
  private:
-  std::map<std::string, double> time_;
-  std::set<std::string> from_median_;
+  kvfuse_bench::RunValues time_;
 };
 
 }  // namespace

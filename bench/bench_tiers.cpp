@@ -13,6 +13,8 @@
 // is the cost of the lookup and the pin: it should sit at ~1.0.
 #include <benchmark/benchmark.h>
 
+#include "run_values.hpp"
+
 #include <kvfuse/detail/checksum.hpp>
 #include <kvfuse/tier/disk_tier.hpp>
 #include <kvfuse/tier/memory_tier.hpp>
@@ -22,8 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <map>
-#include <set>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -135,33 +136,24 @@ class RatioReporter : public benchmark::ConsoleReporter {
   RatioReporter() : ConsoleReporter(OO_Tabular) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
-    for (const Run& run : runs) {
-      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
-      if (run.run_type != Run::RT_Iteration && !median) continue;
+    rate_.note(runs, [](const Run& run) -> std::optional<double> {
       const auto it = run.counters.find("bytes_per_second");
-      if (it == run.counters.end()) continue;
-      const std::string& name = run.run_name.function_name;
-      if (median) {
-        rate_[name] = it->second.value;
-        from_median_.insert(name);
-      } else if (!from_median_.contains(name)) {
-        rate_[name] = it->second.value;
-      }
-    }
+      if (it == run.counters.end()) return std::nullopt;
+      return it->second.value;
+    });
   }
   void Finalize() override {
     ConsoleReporter::Finalize();
-    const double base = rate_["memcpy_64MiB"];
+    const double base = rate_["memcpy_64MiB"].value_or(0);
     if (base <= 0) return;
     std::printf("\nratios against memcpy_64MiB (%.2f GB/s):\n", base / 1e9);
     for (const char* name : {"memory_tier_hit_64MiB", "memory_tier_chunks", "xxh3_4MiB", "xxh64_4MiB",
                              "disk_tier_hit_4MiB"})
-      if (rate_.contains(name)) std::printf("  %-24s %6.2f GB/s  ratio %.3f\n", name, rate_[name] / 1e9, rate_[name] / base);
+      if (const std::optional<double> r = rate_[name]) std::printf("  %-24s %6.2f GB/s  ratio %.3f\n", name, *r / 1e9, *r / base);
   }
 
  private:
-  std::map<std::string, double> rate_;
-  std::set<std::string> from_median_;
+  kvfuse_bench::RunValues rate_;
 };
 
 }  // namespace

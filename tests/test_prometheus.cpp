@@ -290,6 +290,7 @@ CoordinatorStats coordinator_stats() {
   s.salvaged_tokens = 2025;
   s.second_loads = 2026;
   s.slower_than_recompute = 2027;
+  s.loads_timed = 2028;
   return s;
 }
 
@@ -447,6 +448,7 @@ std::vector<Expected> expected_samples() {
       {"kvfuse_coordinator_salvaged_tokens_total", "", false, uint64_t{2025}},
       {"kvfuse_coordinator_second_loads_total", "", false, uint64_t{2026}},
       {"kvfuse_coordinator_slower_than_recompute_total", "", false, uint64_t{2027}},
+      {"kvfuse_coordinator_loads_timed_total", "", false, uint64_t{2028}},
 
       {"kvfuse_pump_late_reports_total", "", false, uint64_t{3001}},
       {"kvfuse_pump_late_settlements_total", "", false, uint64_t{3002}},
@@ -578,7 +580,7 @@ TEST_CASE("prometheus: every field of every stats struct comes back exactly unde
   const std::vector<Expected> expected = expected_samples();
   std::set<std::string> expected_families;
   for (const Expected& e : expected) expected_families.insert(e.family);
-  CHECK(expected_families.size() == 127);
+  CHECK(expected_families.size() == 128);
   CHECK(parsed.families.size() == expected_families.size());
   CHECK(text.family_count() == expected_families.size());
   CHECK(text.sample_count() == expected.size());

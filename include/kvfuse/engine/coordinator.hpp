@@ -38,6 +38,7 @@
 #include <kvfuse/engine/arbitration.hpp>
 #include <kvfuse/engine/checkpoint_policy.hpp>
 #include <kvfuse/engine/coordinator_types.hpp>
+#include <kvfuse/engine/load_cost.hpp>
 #include <kvfuse/engine/detail/admission_ledger.hpp>
 #include <kvfuse/engine/detail/coordinator_steps.hpp>
 #include <kvfuse/engine/detail/parking_ledger.hpp>
@@ -76,7 +77,8 @@ class Coordinator {
         lookup_(lookup),
         ledger_(options_.expected_requests),
         saves_(options_.expected_requests),
-        parking_(options_.expected_requests) {
+        parking_(options_.expected_requests),
+        cost_(options_.break_even) {
     if (index_.has_slot_free())
       throw Error(ErrorCode::invalid_argument,
                   "the Coordinator's OffloadIndex has a slot-free callback: build it without one "
@@ -91,7 +93,7 @@ class Coordinator {
   AdmissionPlan plan(const AdmitRequest& req) {
     AdmissionPlan p;
     p.lookup_tokens = detail::lookup_tokens(req, options_.grids, lookup_);
-    p.load = detail::plan_for(req, p.lookup_tokens, options_, [this](PrefixHash h) { return index_.could_serve(h); },
+    p.load = detail::plan_for(req, p.lookup_tokens, options_, cost_, [this](PrefixHash h) { return index_.could_serve(h); },
                               servable_);
     p.claimed_tokens = claimed_tokens(p.load);
     p.checkpoints = checkpoints_for(req, p.lookup_tokens, p.claimed_tokens);
@@ -264,6 +266,13 @@ class Coordinator {
     return s;
   }
 
+  /// What the load-cost meter learnt of the tier's speed (zeros unless measure_load_cost).
+  /// Scheduler thread; O(1), noexcept.
+  [[nodiscard]] LoadCostEstimate load_cost() const noexcept { return meter_.estimate(); }
+  /// The break-even the planner weighs loads with now: the configured one, its tier times
+  /// replaced by the measured ones once min_timed_loads loads were timed. Scheduler thread; O(1).
+  [[nodiscard]] const BreakEven& break_even() const noexcept { return cost_; }
+
   /// Whether `id` is parked on a load. Scheduler thread; O(1).
   [[nodiscard]] bool is_parked(RequestId id) const noexcept { return parking_.find(id) != nullptr; }
 
@@ -351,6 +360,7 @@ class Coordinator {
     }
     parked.slot = req.slot;
     parked.hbm_state_held = req.hbm_state_held;
+    parked.bytes = leg_bytes(parked.kv_end - parked.kv_from, state_boundary(d.plan).has_value());
     // What a second load could restore if this one fails part way: servable checkpoints
     // below the planned boundary (the one planned may be the one that misses).
     if (const auto boundary = state_boundary(d.plan))
@@ -367,6 +377,7 @@ class Coordinator {
   // next step like any other (never parked without a load that settles).
   LoadKey send_load(RequestId id, LoadGrant grant, detail::ParkingLedger::Parked parked) {
     const LoadRequest request = grant.ticket().dispatch();
+    parked.dispatched_ns = now_ns();
     const bool sent = detail::transport_took(transport_, request);
     parked.key = request.key;
     parked.dropped = !sent;
@@ -381,6 +392,24 @@ class Coordinator {
   // A load ended: unpark its request (a failed one from what it salvaged), or free the
   // torn-down admission an orphaned one held (detail/coordinator_salvage.hpp).
   void on_resolution(const LoadResolution& r);
+
+  // The bytes one rank's longer leg reads: `kv_tokens` of whole chunks, and a state entry.
+  std::uint64_t leg_bytes(TokenCount kv_tokens, bool state) const noexcept {
+    const std::uint64_t chunks = options_.grids.chunk_grid().cells_covering(kv_tokens);
+    return std::max(chunks * options_.break_even.kv_chunk_bytes, state ? options_.break_even.state_bytes : 0);
+  }
+
+  static std::int64_t now_ns() noexcept {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  }
+
+  // A load completed: one sample for the meter, and the break-even in force again.
+  void time_load(const detail::ParkingLedger::Parked& p) noexcept {
+    if (!options_.measure_load_cost || p.dropped) return;
+    meter_.add(p.bytes, static_cast<double>(now_ns() - p.dispatched_ns));
+    ++counters_.loads_timed;
+    cost_ = meter_.applied_to(options_.break_even, options_.min_timed_loads);
+  }
 
   void unpark(const Unpark& u) {
     if (u.tokens > 0) ++counters_.unparked_with_tokens;
@@ -469,6 +498,8 @@ class Coordinator {
   std::vector<SlotId> snapshots_;  // this step's output
   std::vector<OverdueLoad> overdue_list_;
   TokenCount last_lookup_ = 0;           // the lookup of the admission being made
+  LoadCostMeter meter_;                  // measure_load_cost: the tier's speed, learnt from completed loads
+  BreakEven cost_;                       // the break-even in force: options_.break_even, or the meter's
   mutable CoordinatorStats counters_{};  // the counters; stats() adds the gauges (mutable: its audit counts)
 };
 

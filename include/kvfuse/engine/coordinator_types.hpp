@@ -211,6 +211,13 @@ struct CoordinatorOptions {
   /// (NoLoadReason::slower_than_recompute, counted). Off by default. Its three times must be
   /// finite and >= 0 (checked at construction, naming the field).
   BreakEven break_even{};
+  /// Times the loads (LoadCostMeter, engine/load_cost.hpp): each completed load's time from
+  /// dispatch to the step that settles it (the Coordinator's Clock), against the bytes its
+  /// longer leg read on one rank (break_even's kv_chunk_bytes and state_bytes, which must
+  /// then be > 0). Once `min_timed_loads` loads were timed, the fit replaces break_even's
+  /// tier_ns_per_byte and tier_latency_ns: the tier's speed is measured, not configured.
+  bool measure_load_cost = false;
+  std::uint32_t min_timed_loads = 8;  ///< loads timed before the fit is used (> 0 when measuring)
 };
 
 /// What one Coordinator::step() produced. The spans stay valid until the next step() or
@@ -256,6 +263,7 @@ struct CoordinatorStats {
   std::uint64_t salvaged_tokens = 0;       ///< tokens above the HBM floor those resumes kept
   std::uint64_t second_loads = 0;          ///< state-only loads sent after a stateful load failed part way (at most one per admission)
   std::uint64_t slower_than_recompute = 0; ///< admissions that computed because every servable load cost more than its prefill (BreakEven)
+  std::uint64_t loads_timed = 0;           ///< completed loads the load-cost meter learnt from (measure_load_cost)
   std::uint64_t invariant_violations = 0;  ///< stats() audits that failed, plus double unparks
 };
 

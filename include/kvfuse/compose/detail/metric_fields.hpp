@@ -170,6 +170,7 @@ inline constexpr Field<CoordinatorStats> coordinator_fields[] = {
     counter<&CoordinatorStats::salvaged_tokens>("salvaged_tokens", "Tokens above the HBM floor that salvaged resumes kept."),
     counter<&CoordinatorStats::second_loads>("second_loads", "State-only loads sent after a stateful load failed part way."),
     counter<&CoordinatorStats::slower_than_recompute>("slower_than_recompute", "Admissions that computed because every servable load cost more time than the prefill it spares."),
+    counter<&CoordinatorStats::loads_timed>("loads_timed", "Completed loads the load-cost meter learnt the tier's speed from."),
     counter<&CoordinatorStats::invariant_violations>("invariant_violations", "Coordinator stats audits that failed, plus double unparks."),
 };
 

@@ -24,6 +24,7 @@ void Coordinator<G, T, L, Clock>::on_resolution(const LoadResolution& r) {
   }
   detail::ParkingLedger::Parked parked = *parking_.leave(r.key.request);
   if (r.kind == Resolution::completed) {
+    time_load(parked);
     if (parked.second) note_salvage(parked.claims, parked.hbm);
     unpark(Unpark{r.key.request, parked.claims, r.kind, r.state_missed, parked.second});
     return;
@@ -57,6 +58,7 @@ bool Coordinator<G, T, L, Clock>::second_load(RequestId id, const Checkpoint& c,
   ++counters_.second_loads;
   parked.claims = c.boundary;
   parked.kv_from = parked.kv_end = 0;
+  parked.bytes = leg_bytes(0, true);
   parked.second = true;
   parked.fallbacks.clear();
   (void)send_load(id, std::move(grant), std::move(parked));

@@ -43,6 +43,16 @@ inline CoordinatorOptions validated(const CoordinatorOptions& o) {
   check_cost("recompute_ns_per_token", o.break_even.recompute_ns_per_token);
   check_cost("tier_ns_per_byte", o.break_even.tier_ns_per_byte);
   check_cost("tier_latency_ns", o.break_even.tier_latency_ns);
+  if (o.measure_load_cost) {
+    if (o.break_even.kv_chunk_bytes == 0)
+      throw Error(ErrorCode::invalid_argument,
+                  "CoordinatorOptions::measure_load_cost needs break_even.kv_chunk_bytes > 0 (the bytes a load reads), got 0");
+    if (o.layout != StateLayout::none && o.break_even.state_bytes == 0)
+      throw Error(ErrorCode::invalid_argument,
+                  "CoordinatorOptions::measure_load_cost needs break_even.state_bytes > 0 for a stateful layout, got 0");
+    if (o.min_timed_loads == 0)
+      throw Error(ErrorCode::invalid_argument, "CoordinatorOptions::min_timed_loads must be > 0 when measuring, got 0");
+  }
   return o;
 }
 
@@ -58,15 +68,15 @@ TokenCount lookup_tokens(const AdmitRequest& req, const PlanGrids& grids, Lookup
 
 /// The planner's answer for `req` over `lookup` tokens in the tier and the checkpoints
 /// `could_serve(hash)` says the index serves (stateful layouts only). `servable` is scratch.
+/// `cost`: the break-even in force (the configured one, or the measured one).
 template <class CouldServe>
-LoadPlan plan_for(const AdmitRequest& req, TokenCount lookup, const CoordinatorOptions& o, CouldServe&& could_serve,
-                  std::vector<TokenCount>& servable) {
+LoadPlan plan_for(const AdmitRequest& req, TokenCount lookup, const CoordinatorOptions& o, const BreakEven& cost,
+                  CouldServe&& could_serve, std::vector<TokenCount>& servable) {
   servable.clear();
   if (o.layout != StateLayout::none)
     for (const Checkpoint& c : req.checkpoints)
       if (could_serve(c.hash)) servable.push_back(c.boundary);
-  return plan_load(
-      PlanInput{req.prompt_tokens, req.hbm, lookup, servable, o.layout, o.grids, o.min_load_tokens, o.break_even});
+  return plan_load(PlanInput{req.prompt_tokens, req.hbm, lookup, servable, o.layout, o.grids, o.min_load_tokens, cost});
 }
 
 /// The prefill checkpoints of a stateful request that resumes at `resume`, at most `most`

@@ -42,6 +42,8 @@ class ParkingLedger {
     bool hbm_state_held = false;      ///< the engine holds the state at hbm
     bool second = false;              ///< this is the admission's second load: no third
     std::vector<Checkpoint> fallbacks;  ///< servable checkpoints below the planned boundary, ascending
+    std::uint64_t bytes = 0;          ///< what its longer leg reads on one rank (the load-cost meter's sample)
+    std::int64_t dispatched_ns = 0;   ///< when it was sent, on the Coordinator's clock
   };
 
   /// Room for `expected` parked requests before the table rehashes.
