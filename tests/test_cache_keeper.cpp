@@ -260,3 +260,30 @@ TEST_CASE("cache keeper sweep forgets a victim kept again whose new save never r
   CHECK(tier.erased.size() > erases);  // and the index was told (the erase forgets its hash)
   CHECK(std::count(tier.erased.begin(), tier.erased.end(), state(90)) == 2);
 }
+
+TEST_CASE("cache keeper offer_checkpoint sends what it keeps and forgets a new one the engine could not send") {
+  FakeTier tier;
+  CacheKeeper keeper(options(CachePolicy::cost, 10 * chunk_bytes, true), Tiers{&tier});
+  const auto keys = chain(1, 2);
+  using Offer = decltype(keeper)::Offer;
+  int sends = 0;
+  CHECK(keeper.offer_checkpoint(keys, 128, PrefixHash{60}, 600, [&] { return ++sends, true; }) == Offer::sent);
+  CHECK(keeper.contains(state(60)));
+  // No snapshot slot, say: kept, not sent, so not counted.
+  CHECK(keeper.offer_checkpoint(keys, 192, PrefixHash{61}, 600, [&] { return ++sends, false; }) == Offer::not_sent);
+  CHECK_FALSE(keeper.contains(state(61)));
+  // Kept before this offer: the tiers hold it from then, so it stays.
+  CHECK(keeper.offer_checkpoint(keys, 128, PrefixHash{60}, 600, [&] { return ++sends, false; }) == Offer::not_sent);
+  CHECK(keeper.contains(state(60)));
+  CHECK(sends == 3);
+  // Refused (a budget below one chunk): `send` is never called.
+  FakeTier other;
+  CacheKeeper small(options(CachePolicy::cost, chunk_bytes - 1, true), Tiers{&other});
+  CHECK(small.offer_checkpoint(keys, 128, PrefixHash{62}, 600, [&] { return ++sends, true; }) == Offer::refused);
+  CHECK(sends == 3);
+  // Off: always sent as the engine says.
+  CacheKeeperOptions off;
+  CacheKeeper none(off, Tiers{&other});
+  CHECK(none.offer_checkpoint(keys, 128, PrefixHash{63}, 600, [&] { return ++sends, true; }) == Offer::sent);
+  CHECK(sends == 4);
+}

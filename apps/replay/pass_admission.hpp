@@ -155,20 +155,19 @@ auto Pass<Group>::checkpoint(const Attempt& a, TokenCount boundary, std::uint64_
   }
   const SlotId snapshot = *taken;
   const Checkpoint c{boundary, StateChain::of(model_.id, *a.req, boundary)};
-  const bool known = cache_.contains(CacheKey{c.hash, EntryKind::state});
-  if (!cache_.keep_checkpoint(a.req->chunk_keys, boundary, c.hash, a.req->prompt_tokens)) {
+  const auto offer = cache_.offer_checkpoint(a.req->chunk_keys, boundary, c.hash, a.req->prompt_tokens, [&] {
+    write_state(*ranks_, snapshot, state);
+    const CheckpointResult r = coord_.checkpoint(c, snapshot);
+    if (r == CheckpointResult::saved) faults_.checkpoint_saved(*a.req, c.hash);
+    else (void)snapshots_.give(snapshot);  // nothing was sent: nothing reads it
+    return r == CheckpointResult::saved || r == CheckpointResult::already_indexed;
+  });
+  if (offer == CacheOwner::Offer::refused) {
     ++result_.checkpoints_refused;
     (void)snapshots_.give(snapshot);
     return Handed::refused;
   }
-  write_state(*ranks_, snapshot, state);
-  const CheckpointResult r = coord_.checkpoint(c, snapshot);
-  if (r == CheckpointResult::saved) faults_.checkpoint_saved(*a.req, c.hash);
-  else (void)snapshots_.give(snapshot);  // nothing was sent: nothing reads it
-  const bool has = r == CheckpointResult::saved || r == CheckpointResult::already_indexed;
-  // Admitted but not sent and not already there: the ledger must not count it.
-  if (!has && !known) cache_.forget(CacheKey{c.hash, EntryKind::state});
-  return has ? Handed::yes : Handed::no;
+  return offer == CacheOwner::Offer::sent ? Handed::yes : Handed::no;
 }
 
 template <class Group>

@@ -35,9 +35,9 @@
 // Threading: not thread-safe. The engine's scheduler thread calls every member.
 #pragma once
 
-#include <cstddef>
 #include <algorithm>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <limits>
@@ -158,6 +158,29 @@ class CacheKeeper {
       return false;
     }
     return store(state_entry(keys, boundary, hash, prompt_tokens));
+  }
+
+  /// What became of a checkpoint offered with offer_checkpoint().
+  enum class Offer : std::uint8_t {
+    refused,   ///< the keeper did not keep it (the ledger refused it, or it stands on nothing): not sent
+    sent,      ///< kept, and `send` says the tiers will hold it
+    not_sent,  ///< kept, but `send` could not send it: forgotten again unless it was kept before
+  };
+
+  /// keep_checkpoint(), then, if kept, `send()`: the engine's mid-prefill save of it (a
+  /// snapshot slot, Coordinator::checkpoint), returning whether the tiers will hold it (sent,
+  /// or already served or being saved by the index). A checkpoint this offer kept that is
+  /// then not sent is forgotten, so the ledger counts nothing no tier holds. Always calls
+  /// `send` when off.
+  template <class Send>
+  Offer offer_checkpoint(std::span<const PrefixHash> keys, TokenCount boundary, PrefixHash hash, TokenCount prompt_tokens,
+                         Send&& send) {
+    const CacheKey key{hash, EntryKind::state};
+    const bool known = contains(key);
+    if (!keep_checkpoint(keys, boundary, hash, prompt_tokens)) return Offer::refused;
+    if (send()) return Offer::sent;
+    if (!known) (void)forget(key);
+    return Offer::not_sent;
   }
 
   /// A load resumed a request at `resume` tokens, reading from the tier the chunks from

@@ -218,35 +218,30 @@ class SlotCache {
     if (!t.open) return;
     // A cache ledger is asked first: it stands on the chunk ending at the boundary.
     const std::uint32_t block = e_.geometry.block_tokens;
-    const llama::PrefixHashes chain(prompt.first(boundary), block);
+    const llama::PrefixHashes hashes(prompt.first(boundary), block);
     std::vector<PrefixHash> keys;
-    for (TokenCount end = block; end <= boundary; end += block) keys.push_back(chain.chunk_key(end));
-    const CacheKey key{chain.state_hash(boundary), EntryKind::state};
-    const bool known = e_.cache.contains(key);
-    if (!e_.cache.keep_checkpoint(keys, boundary, key.hash, prompt.size())) return;
-    if (e_.snapshots.empty()) (void)e_.pump_until([&] { return !e_.snapshots.empty(); });
-    const std::optional<SlotId> snapshot = e_.snapshots.take();
-    if (!snapshot) {
-      ++counters_.stranded;
-      if (!known) (void)e_.cache.forget(key);
-      return;
-    }
-    try {
-      codec_.store_state(partial, slot_span(*snapshot));
-    } catch (const Error&) {
-      ++counters_.codec_refusals;
-      (void)e_.snapshots.give(*snapshot);
-      if (!known) (void)e_.cache.forget(key);
-      return;
-    }
-    e_.connector.begin_step(e_.compute);
-    const llama::PrefixHashes hashes(prompt.first(boundary), e_.geometry.block_tokens);
-    const CheckpointResult r = e_.coordinator.checkpoint(Checkpoint{boundary, hashes.state_hash(boundary)}, *snapshot);
-    if (r != CheckpointResult::saved) (void)e_.snapshots.give(*snapshot);
-    else if (saved_states_.size() < 64) saved_states_.push_back(hashes.state_hash(boundary));
-    // Kept but not sent, and not in the tier already: the ledger must not count it.
-    if (r != CheckpointResult::saved && r != CheckpointResult::already_indexed && !known)
-      (void)e_.cache.forget(CacheKey{hashes.state_hash(boundary), EntryKind::state});
+    for (TokenCount end = block; end <= boundary; end += block) keys.push_back(hashes.chunk_key(end));
+    const Checkpoint c{boundary, hashes.state_hash(boundary)};
+    (void)e_.cache.offer_checkpoint(keys, boundary, c.hash, prompt.size(), [&] {
+      if (e_.snapshots.empty()) (void)e_.pump_until([&] { return !e_.snapshots.empty(); });
+      const std::optional<SlotId> snapshot = e_.snapshots.take();
+      if (!snapshot) {
+        ++counters_.stranded;
+        return false;
+      }
+      try {
+        codec_.store_state(partial, slot_span(*snapshot));
+      } catch (const Error&) {
+        ++counters_.codec_refusals;
+        (void)e_.snapshots.give(*snapshot);
+        return false;
+      }
+      e_.connector.begin_step(e_.compute);
+      const CheckpointResult r = e_.coordinator.checkpoint(c, *snapshot);
+      if (r != CheckpointResult::saved) (void)e_.snapshots.give(*snapshot);
+      else if (saved_states_.size() < 64) saved_states_.push_back(c.hash);
+      return r == CheckpointResult::saved || r == CheckpointResult::already_indexed;
+    });
   }
 
   /// The slot's prompt is done (or abandoned: `clean` 0). `clean` is the length of the

@@ -369,22 +369,19 @@ class Server {
   // state at the sequence's position into a snapshot slot, handed to the coordinator if a
   // cache ledger keeps it.
   void checkpoint_at(const Sequence& sequence, const Checkpoint& c, std::span<const PrefixHash> keys, TokenCount prompt_tokens) {
-    const CacheKey key{c.hash, EntryKind::state};
-    const bool known = e_.cache.contains(key);
-    if (!e_.cache.keep_checkpoint(keys, c.boundary, c.hash, prompt_tokens)) return;
-    if (e_.snapshots.empty()) (void)e_.pump_until([&] { return !e_.snapshots.empty(); });
-    const std::optional<SlotId> snapshot = e_.snapshots.take();
-    if (!snapshot) {
-      ++server_violations_;  // a snapshot slot never came back within the timeout
-      if (!known) (void)e_.cache.forget(key);
-      return;
-    }
-    sequence.store_state(slot_span(*snapshot));
-    e_.connector.begin_step(e_.compute);
-    const CheckpointResult r = e_.coordinator.checkpoint(c, *snapshot);
-    if (r != CheckpointResult::saved) (void)e_.snapshots.give(*snapshot);
-    // Kept but not sent, and not in the tier already: the ledger must not count it.
-    if (r != CheckpointResult::saved && r != CheckpointResult::already_indexed && !known) (void)e_.cache.forget(key);
+    (void)e_.cache.offer_checkpoint(keys, c.boundary, c.hash, prompt_tokens, [&] {
+      if (e_.snapshots.empty()) (void)e_.pump_until([&] { return !e_.snapshots.empty(); });
+      const std::optional<SlotId> snapshot = e_.snapshots.take();
+      if (!snapshot) {
+        ++server_violations_;  // a snapshot slot never came back within the timeout
+        return false;
+      }
+      sequence.store_state(slot_span(*snapshot));
+      e_.connector.begin_step(e_.compute);
+      const CheckpointResult r = e_.coordinator.checkpoint(c, *snapshot);
+      if (r != CheckpointResult::saved) (void)e_.snapshots.give(*snapshot);
+      return r == CheckpointResult::saved || r == CheckpointResult::already_indexed;
+    });
   }
 
   // Every admission on the book was freed; with `stores`, every save stored and every
