@@ -44,6 +44,7 @@
 #include <boost/intrusive/list.hpp>
 
 #include <kvfuse/error.hpp>
+#include <kvfuse/tier/memory_tier_pool.hpp>
 #include <kvfuse/tier/pinned_source.hpp>
 #include <kvfuse/tier/tier.hpp>
 
@@ -60,32 +61,6 @@ struct MemoryTierStats {
   std::uint64_t evictions = 0;    ///< entries dropped to make room (not overwrites or erases)
   std::uint64_t puts = 0;         ///< successful puts
   std::uint64_t put_failures = 0; ///< larger than the capacity, or the allocation failed
-};
-
-/// One size class of a MemoryTierPool: `count` blocks of `class_bytes` bytes each.
-struct MemoryTierPoolClass {
-  std::size_t class_bytes = 0;  ///< the size of each block; > 0
-  std::size_t count = 0;        ///< how many blocks; > 0
-};
-
-/// The size classes of a MemoryTier's pool, in strictly increasing `class_bytes` order, e.g.
-/// `MemoryTierPool{{4096, 256}, {1 << 20, 16}}`. Empty: no pool (allocation per put).
-/// Every block of a class lies in one slab from a single allocate_pinned of
-/// class_bytes x count bytes, at slab + i x class_bytes: choose class sizes that are
-/// multiples of the alignment your copy engine wants (the Source aligns only the slab).
-using MemoryTierPool = std::vector<MemoryTierPoolClass>;
-
-/// A consistent snapshot of a MemoryTier's pool. All zero for a tier without a pool.
-/// Always `free_blocks + held_blocks + retired_blocks + filling_blocks == blocks`.
-struct MemoryTierPoolStats {
-  std::size_t blocks = 0;          ///< blocks in the pool, all classes
-  std::size_t free_blocks = 0;     ///< blocks on the free lists
-  std::size_t held_blocks = 0;     ///< blocks of entries in the catalogue
-  std::size_t retired_blocks = 0;  ///< blocks unlinked from the catalogue, still pinned by views
-  std::size_t filling_blocks = 0;  ///< blocks taken by a put that is copying into them now
-  std::size_t bytes = 0;           ///< the pool's bytes: the sum of class_bytes x count
-  std::uint64_t exhausted = 0;     ///< puts with no free fitting block even after eviction
-  std::uint64_t oversize = 0;      ///< puts larger than the largest class
 };
 
 /// Per-rank LRU tier with a byte capacity, its memory from a PinnedMemorySource.
@@ -342,31 +317,7 @@ class MemoryTier {
   // Validates `pool` and allocates its slabs; on a throw frees what it took (the
   // destructor does not run for a constructor that throws).
   void build_pool(const MemoryTierPool& pool) {
-    std::size_t total = 0;
-    for (std::size_t i = 0; i < pool.size(); ++i) {
-      const MemoryTierPoolClass& c = pool[i];
-      const std::string at = "MemoryTier pool class " + std::to_string(i) + " ";
-      if (c.class_bytes == 0) throw Error(ErrorCode::invalid_argument, at + "class_bytes must be > 0, got 0");
-      if (c.count == 0)
-        throw Error(ErrorCode::invalid_argument,
-                    at + "(class_bytes " + std::to_string(c.class_bytes) + ") count must be > 0, got 0");
-      if (c.class_bytes > capacity_)
-        throw Error(ErrorCode::invalid_argument, at + "class_bytes " + std::to_string(c.class_bytes) +
-                                                     " is larger than capacity_bytes " + std::to_string(capacity_));
-      if (i > 0 && c.class_bytes <= pool[i - 1].class_bytes)
-        throw Error(ErrorCode::invalid_argument,
-                    at + "class_bytes " + std::to_string(c.class_bytes) +
-                        " must be larger than the previous class's " + std::to_string(pool[i - 1].class_bytes) +
-                        " (classes strictly increasing, no duplicates)");
-      if (c.count > (std::numeric_limits<std::size_t>::max() - total) / c.class_bytes)
-        throw Error(ErrorCode::invalid_argument, at + "class_bytes " + std::to_string(c.class_bytes) + " x count " +
-                                                     std::to_string(c.count) + " overflows the pool's byte total");
-      total += c.class_bytes * c.count;
-    }
-    if (total > capacity_)
-      throw Error(ErrorCode::invalid_argument, "MemoryTier pool bytes (sum of class_bytes x count) " +
-                                                   std::to_string(total) + " exceed capacity_bytes " +
-                                                   std::to_string(capacity_));
+    check_pool(pool, capacity_);
     if (pool.size() >= no_class)
       throw Error(ErrorCode::invalid_argument, "MemoryTier pool has " + std::to_string(pool.size()) + " classes, too many");
     std::size_t blocks = 0;
