@@ -488,18 +488,22 @@ class MemoryTier {
   void drop_from_catalogue(Entry& entry, Entry*& dead) noexcept {
     Lru& list = list_for(entry);
     list.erase(list.iterator_to(entry));
-    bytes_ -= entry.charge;
-    retired_bytes_.fetch_add(entry.charge, std::memory_order_relaxed);
+    // Read before the decrement: once it leaves a view's reference, that view's release
+    // may free an unpooled entry on another thread (without the lock) at any moment.
+    const std::size_t charge = entry.charge;
+    const bool pooled = entry.pool_class != no_class;
+    bytes_ -= charge;
+    retired_bytes_.fetch_add(charge, std::memory_order_relaxed);
     if (entry.refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      retired_bytes_.fetch_sub(entry.charge, std::memory_order_relaxed);
-      if (entry.pool_class != no_class) {
+      retired_bytes_.fetch_sub(charge, std::memory_order_relaxed);
+      if (pooled) {
         give_back(entry);
         return;
       }
       entry.next_dead = dead;
       dead = &entry;
-    } else if (entry.pool_class != no_class) {
-      ++retired_blocks_;
+    } else if (pooled) {
+      ++retired_blocks_;  // its last view gives the block back under the lock we hold
     }
   }
 
