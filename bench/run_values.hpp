@@ -1,7 +1,7 @@
 // bench/run_values.hpp — one number per benchmark, taken from Google Benchmark's runs the way
 // every ratio of bench/README.md takes it: the median when the run was repeated
 // (--benchmark_repetitions=N), else the single run. A reporter calls note() from its
-// ReportRuns; the ratios read the values when it finalises.
+// ReportRuns; the ratios read the values when it finalises. And the main() such a binary runs.
 #pragma once
 
 #include <map>
@@ -48,5 +48,15 @@ class RunValues {
   std::map<std::string, double> values_;
   std::set<std::string> from_median_;
 };
+
+/// The main() of a benchmark binary with its own reporter: parse the flags, run, shut down.
+/// 1 for a flag Google Benchmark does not know.
+inline int run_benchmarks(int argc, char** argv, benchmark::BenchmarkReporter& reporter) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}
 
 }  // namespace kvfuse_bench
